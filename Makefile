@@ -1,0 +1,29 @@
+# Every target installs what it needs into .venv first, so each works alone on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: venv run test test-all bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+run: venv
+	$(PY) -m recipes.demo
+
+test: venv
+	$(PY) -m pytest -q
+
+test-all: venv
+	$(PY) -m pytest -q -m "slow or not slow"
+
+bench: venv
+	$(PY) -m benchmarks.attention
+
+clean:
+	rm -rf $(VENV) outputs

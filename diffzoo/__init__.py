@@ -1,0 +1,5 @@
+"""diffzoo: differential attention for any transformer (Ye et al., ICLR 2025, arXiv 2410.05258)."""
+
+__version__ = "0.1.0"
+
+from . import kernels, layers  # noqa: F401  (layers and kernels import only torch)

@@ -1,0 +1,163 @@
+"""Attention kernels: pure functions with no parameters, one signature for every backend.
+
+``diff_attention(q, k, v, lam, ...)`` computes differential attention and ``attention(q, k, v, ...)``
+standard softmax attention; ``backend=`` picks the implementation (see :mod:`.registry`).
+
+Backends of ``diff_attention``:
+
+* ``reference``: explicit maps in fp32, the ground truth of the tests.
+* ``sdpa``: ``F.scaled_dot_product_attention`` with both branches folded into one call.
+* ``blockwise``: exact blockwise form at the FLOPs of standard attention, with a fused backward.
+* ``triton``: fused Triton kernels (two online softmaxes sharing K/V tiles), CUDA or ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .registry import (
+    Backend,
+    Call,
+    available_backends,
+    list_backends,
+    register_backend,
+    requested_backend,
+    select_backend,
+    set_auto_order,
+    use_backend,
+)
+from .reference import attention_maps, diff_attention_maps
+
+__all__ = [
+    "Backend",
+    "attention",
+    "attention_maps",
+    "available_backends",
+    "diff_attention",
+    "diff_attention_maps",
+    "list_backends",
+    "register_backend",
+    "requested_backend",
+    "select_backend",
+    "set_auto_order",
+    "use_backend",
+]
+
+
+def diff_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    *,
+    attn_mask: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    backend: Optional[str] = None,
+) -> Tensor:
+    """Differential attention ``(softmax(q1 k1^T s + M) - lam softmax(q2 k2^T s + M)) v``.
+
+    Args:
+        q: ``(B, 2H, Nq, d)``; heads ``2i, 2i+1`` are ``(q1, q2)`` of differential head ``i``.
+        k: ``(B, 2H_kv, Nk, d)``; heads ``2g, 2g+1`` are ``(k1, k2)`` of key/value group ``g``.
+        v: ``(B, H_kv, Nk, dv)`` (``dv = 2d`` in the paper); head ``i`` reads group ``i // (H / H_kv)``.
+        lam: scalar tensor; its gradient is returned by every backend.
+        attn_mask: bool (True = attend) or additive float, broadcastable to ``(B, H, Nq, Nk)``.
+        key_padding_mask: bool ``(B, Nk)``, True marks padding.
+        causal: bottom-right aligned causal mask (works with a kv-cache, ``Nq <= Nk``).
+        scale: logit scale, default ``d ** -0.5``.
+        dropout_p: attention dropout probability (not supported by every backend).
+        backend: ``"reference"``, ``"sdpa"``, ``"blockwise"``, ``"triton"`` or ``"auto"``.
+
+    Returns:
+        ``(B, H, Nq, dv)`` in ``q.dtype``; rows with no allowed key are zero.
+    """
+    call = Call(q, k, v, attn_mask, key_padding_mask, causal, dropout_p, torch.is_grad_enabled())
+    fn = select_backend("diff", call, backend).fn()
+    return fn(
+        q, k, v, lam, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
+        dropout_p=dropout_p,
+    )
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    attn_mask: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    backend: Optional[str] = None,
+) -> Tensor:
+    """Standard softmax attention with the same conventions as :func:`diff_attention`.
+
+    Args:
+        q: ``(B, H, Nq, d)``; k: ``(B, H_kv, Nk, d)``; v: ``(B, H_kv, Nk, dv)``.
+
+    Returns:
+        ``(B, H, Nq, dv)``.
+    """
+    call = Call(q, k, v, attn_mask, key_padding_mask, causal, dropout_p, torch.is_grad_enabled())
+    fn = select_backend("softmax", call, backend).fn()
+    return fn(
+        q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
+        dropout_p=dropout_p,
+    )
+
+
+def _load(module: str, name: str):
+    def load():
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+    return load
+
+
+def _triton_unavailable() -> Optional[str]:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton)"
+    if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
+        return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
+    if importlib.util.find_spec(f"{__name__}.triton_diff") is None:
+        return "the fused Triton kernel is not part of this build"
+    return None
+
+
+def _triton_unsupported(call: Call) -> Optional[str]:
+    from . import triton_diff
+
+    return triton_diff.unsupported(call)
+
+
+def _blockwise_unsupported(call: Call) -> Optional[str]:
+    if call.dropout_p > 0.0:
+        return "attention dropout is not implemented"
+    return None
+
+
+register_backend("diff", Backend("reference", _load("reference", "diff_attention_reference")))
+register_backend("diff", Backend("sdpa", _load("sdpa", "diff_attention_sdpa")))
+register_backend(
+    "diff", Backend("blockwise", _load("blockwise", "diff_attention_blockwise"), unsupported=_blockwise_unsupported)
+)
+register_backend(
+    "diff",
+    Backend(
+        "triton",
+        _load("triton_diff", "diff_attention_triton"),
+        unavailable=_triton_unavailable,
+        unsupported=_triton_unsupported,
+    ),
+)
+register_backend("softmax", Backend("reference", _load("reference", "attention_reference")))
+register_backend("softmax", Backend("sdpa", _load("sdpa", "attention_sdpa")))

@@ -1,0 +1,36 @@
+"""diffzoo.layers: the public building blocks of differential-attention transformers.
+
+    from diffzoo.layers import DiffAttention, Block
+"""
+
+from .attention import Attention, AttentionBase
+from .block import Block, DropPath, LayerScale, build_attention, diff_heads_for_baseline
+from .diff_attention import DiffAttention, DiffAttentionV2, lambda_init_schedule
+from .kv_cache import KVCache
+from .matched import MatchedPair, check_matched, count_parameters, matched_attention_pair
+from .mlp import Mlp, SwiGLU
+from .norm import RMSNorm, build_norm
+from .rope import RotaryEmbedding
+
+__all__ = [
+    "Attention",
+    "AttentionBase",
+    "Block",
+    "DiffAttention",
+    "DiffAttentionV2",
+    "DropPath",
+    "KVCache",
+    "LayerScale",
+    "MatchedPair",
+    "Mlp",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SwiGLU",
+    "build_attention",
+    "build_norm",
+    "check_matched",
+    "count_parameters",
+    "diff_heads_for_baseline",
+    "lambda_init_schedule",
+    "matched_attention_pair",
+]

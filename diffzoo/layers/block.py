@@ -1,0 +1,182 @@
+"""A pre-norm transformer block that takes softmax or differential attention by one field."""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .attention import Attention, AttentionBase, RopeArg
+from .diff_attention import DiffAttention, DiffAttentionV2
+from .mlp import Mlp, SwiGLU
+from .norm import build_norm
+
+AttnKind = Literal["softmax", "diff", "diff_v2"]
+
+
+def diff_heads_for_baseline(
+    dim: int, num_heads: int, num_kv_heads: Optional[int] = None, head_dim: Optional[int] = None
+) -> tuple[int, int, int]:
+    """Differential ``(num_heads, num_kv_heads, head_dim)`` matching a softmax baseline's projections.
+
+    The paper's convention turns ``2H`` baseline heads of width ``d`` into ``H`` differential heads of
+    width ``d``. An odd baseline count has no such split: pass ``head_dim`` to keep the head count and
+    use narrower heads instead (timm's convention, ``head_dim = dim // (2 * num_heads)``).
+    """
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
+    if dim % num_heads:
+        raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
+    if head_dim is None:
+        if num_heads % 2 or num_kv_heads % 2:
+            odd = "num_heads" if num_heads % 2 else "num_kv_heads"
+            value = num_heads if num_heads % 2 else num_kv_heads
+            raise ValueError(
+                f"{odd}={value} is odd; pass head_dim={dim // (2 * num_heads)} (same head count, half width) "
+                "or an even count"
+            )
+        return num_heads // 2, num_kv_heads // 2, dim // num_heads
+    if dim % (2 * head_dim):
+        raise ValueError(f"dim={dim} is not divisible by 2 * head_dim = {2 * head_dim}")
+    heads = dim // (2 * head_dim)
+    if (num_kv_heads * heads) % num_heads:
+        raise ValueError(f"num_kv_heads={num_kv_heads} cannot be scaled to {heads} differential heads")
+    return heads, num_kv_heads * heads // num_heads, head_dim
+
+
+def build_attention(
+    kind: AttnKind,
+    dim: int,
+    num_heads: int,
+    num_kv_heads: Optional[int] = None,
+    head_dim: Optional[int] = None,
+    *,
+    depth: int = 0,
+    lambda_init: Optional[float] = None,
+    **kwargs,
+) -> AttentionBase:
+    """Build one attention layer from the *baseline's* head counts.
+
+    Args:
+        kind: ``"softmax"``, ``"diff"`` (V1) or ``"diff_v2"``.
+        num_heads, num_kv_heads: head counts of the softmax baseline. ``"diff"`` converts them with
+            :func:`diff_heads_for_baseline`; ``"diff_v2"`` uses them as its output heads.
+        head_dim: differential q/k width (only for ``"diff"``; required when ``num_heads`` is odd).
+        depth, lambda_init: passed to :class:`DiffAttention`.
+        kwargs: the remaining :class:`Attention` arguments (biases, causal, rope, dropout, backend).
+    """
+    if kind == "softmax":
+        return Attention(dim, num_heads, num_kv_heads, **kwargs)
+    if kind == "diff":
+        h, hkv, d = diff_heads_for_baseline(dim, num_heads, num_kv_heads, head_dim)
+        return DiffAttention(dim, h, hkv, d, depth=depth, lambda_init=lambda_init, **kwargs)
+    if kind == "diff_v2":
+        return DiffAttentionV2(dim, num_heads, num_kv_heads, **kwargs)
+    raise ValueError(f"unknown attention kind {kind!r}; expected 'softmax', 'diff' or 'diff_v2'")
+
+
+class DropPath(nn.Module):
+    """Drops the whole residual branch per sample with probability ``p`` (stochastic depth)."""
+
+    def __init__(self, p: float = 0.0) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1.0 - self.p
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(keep)
+        return x * mask / keep
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable scale ``gamma * x`` (CaiT), ``gamma`` initialised to ``init_value``."""
+
+    def __init__(self, dim: int, init_value: float) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_value)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
+class Block(nn.Module):
+    """``x + attn(norm1(x))`` then ``x + mlp(norm2(x))``, with optional layer-scale and drop-path.
+
+    Args:
+        dim: model width.
+        num_heads: heads of the softmax baseline (see :func:`build_attention`).
+        attn: ``"softmax"``, ``"diff"`` or ``"diff_v2"``.
+        num_kv_heads: baseline key/value heads (grouped-query attention).
+        head_dim: differential q/k width (needed when ``num_heads`` is odd).
+        mlp_ratio: hidden width of the feed-forward relative to ``dim``.
+        mlp: ``"mlp"`` (GELU by default) or ``"swiglu"``.
+        norm: ``"layernorm"`` or ``"rmsnorm"``.
+        depth: 0-based index of this block; differential attention derives ``lambda_init`` from it.
+        lambda_init: constant lambda_init instead of the depth schedule.
+        qkv_bias, proj_bias, mlp_bias: biases.
+        causal, rope, rope_base, attn_drop, proj_drop, backend: passed to the attention.
+        drop_path: stochastic-depth probability of both residual branches.
+        layer_scale_init: initial layer-scale value, or None for no layer-scale.
+        act_layer: activation of the ``"mlp"`` feed-forward.
+        norm_eps: epsilon of both norms (default 1e-6).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        attn: AttnKind = "diff",
+        num_kv_heads: Optional[int] = None,
+        head_dim: Optional[int] = None,
+        mlp_ratio: float = 4.0,
+        mlp: Literal["mlp", "swiglu"] = "mlp",
+        norm: Literal["layernorm", "rmsnorm"] = "layernorm",
+        depth: int = 0,
+        lambda_init: Optional[float] = None,
+        qkv_bias: bool = False,
+        proj_bias: bool = True,
+        mlp_bias: bool = True,
+        causal: bool = False,
+        rope: RopeArg = None,
+        rope_base: float = 10000.0,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        layer_scale_init: Optional[float] = None,
+        act_layer: Callable[[], nn.Module] = nn.GELU,
+        norm_eps: Optional[float] = None,
+        backend: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        self.depth = depth
+        self.norm1 = build_norm(norm, dim, norm_eps)
+        self.attn = build_attention(
+            attn, dim, num_heads, num_kv_heads, head_dim, depth=depth, lambda_init=lambda_init,
+            qkv_bias=qkv_bias, proj_bias=proj_bias, causal=causal, rope=rope, rope_base=rope_base,
+            attn_drop=attn_drop, proj_drop=proj_drop, backend=backend,
+        )
+        self.ls1 = LayerScale(dim, layer_scale_init) if layer_scale_init is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = build_norm(norm, dim, norm_eps)
+        hidden = int(dim * mlp_ratio)
+        if mlp == "mlp":
+            self.mlp: nn.Module = Mlp(dim, hidden, act_layer=act_layer, bias=mlp_bias, drop=proj_drop)
+        elif mlp == "swiglu":
+            self.mlp = SwiGLU(dim, hidden, bias=mlp_bias, drop=proj_drop)
+        else:
+            raise ValueError(f"unknown mlp {mlp!r}; expected 'mlp' or 'swiglu'")
+        self.ls2 = LayerScale(dim, layer_scale_init) if layer_scale_init is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: Tensor, **attn_kwargs) -> Tensor:
+        """``x (B, N, dim)``; ``attn_kwargs`` go to the attention's ``forward`` (masks, cache, positions)."""
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), **attn_kwargs)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
