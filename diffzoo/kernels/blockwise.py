@@ -22,6 +22,14 @@ from ._masks import causal_allowed, check_attention_inputs, prepare_mask
 
 # Target number of fp32 score elements per block and branch (B * H * rows * Nk); about 4 MiB.
 _BLOCK_ELEMENTS = 1 << 20
+# Tests set this to fill outputs with NaN before they are written, so an unwritten element shows.
+_POISON = False
+
+
+def _alloc(like: Tensor, *shape: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+    if _POISON:
+        return like.new_full(shape, float("nan"), dtype=dtype or like.dtype)
+    return like.new_empty(shape, dtype=dtype or like.dtype)
 
 
 def _block_rows(B: int, H: int, Nq: int, Nk: int) -> int:
@@ -61,9 +69,9 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         q5 = q.view(B, Hkv, G, 2, Nq, d)
         k1, k2 = k.view(B, Hkv, 2, Nk, d).unbind(2)
         lam_f = lam.float()
-        out = q.new_empty(B, H, Nq, dv)
-        lse1 = q.new_empty(B, H, Nq, dtype=torch.float32)
-        lse2 = torch.empty_like(lse1)
+        out = _alloc(q, B, H, Nq, dv)
+        lse1 = _alloc(q, B, H, Nq, dtype=torch.float32)
+        lse2 = _alloc(q, B, H, Nq, dtype=torch.float32)
         rows = _block_rows(B, H, Nq, Nk)
         for r0 in range(0, Nq, rows):
             r1 = min(Nq, r0 + rows)
@@ -95,7 +103,7 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         k1, k2 = k.view(B, Hkv, 2, Nk, d).unbind(2)
         lam_f = lam.float()
         dout = dout.contiguous()
-        dq = torch.empty_like(q)
+        dq = _alloc(q, *q.shape)
         dq5 = dq.view(B, Hkv, G, 2, Nq, d)
         f32 = torch.float32
         dk1 = torch.zeros(B, Hkv, Nk, d, dtype=f32, device=q.device)
