@@ -1,0 +1,1 @@
+"""Training recipes: `python -m recipes.<name>`."""
