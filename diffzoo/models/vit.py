@@ -17,8 +17,8 @@ parameter counts agree within 0.5 %). ``diffvit_*`` avoids timm's existing ``vit
 
 Weights saved as safetensors (or a Lightning checkpoint) reload through timm::
 
-    timm.create_model("diffvit_nano_patch4_28", pretrained=True,
-                      pretrained_cfg_overlay=dict(file="outputs/vit_imagenet/model.safetensors"))
+    timm.create_model("diffvit_nano_patch7_28", pretrained=True, num_classes=10,
+                      pretrained_cfg_overlay=dict(file="outputs/.../model.safetensors", num_classes=10))
 """
 
 from __future__ import annotations
@@ -259,8 +259,9 @@ _CIFAR = dict(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, interpolatio
 
 # Architecture of every registered size; the ``diffvit_`` and ``softvit_`` models differ only in ``attn``.
 VIT_CONFIGS: dict[str, dict[str, Any]] = {
-    # The embedded default (28x28 grey digits): 49 patches + class token, about 0.8 M parameters.
-    "nano_patch4_28": dict(img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=128, depth=6,
+    # The embedded default (28x28 grey digits): 16 patches + class token, about 0.3 M parameters,
+    # small enough to train in a few minutes on 2 CPU cores.
+    "nano_patch7_28": dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=96, depth=4,
                            num_heads=4, mlp_ratio=2.0),
     # CIFAR-sized inputs with ViT-Ti dimensions (3 baseline heads -> 3 half-width differential heads).
     "tiny_patch4_32": dict(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=12, num_heads=3,
@@ -271,7 +272,7 @@ VIT_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 _PRETRAINED = {
-    "nano_patch4_28": _cfg(**_MNIST),
+    "nano_patch7_28": _cfg(**_MNIST),
     "tiny_patch4_32": _cfg(**_CIFAR),
     "tiny_patch16_224": _cfg(),
     "small_patch16_224": _cfg(),
@@ -296,9 +297,9 @@ def _create(variant: str, pretrained: bool, **kwargs: Any) -> VisionTransformer:
 
 # -- differential ---------------------------------------------------------------------------------
 @register_model
-def diffvit_nano_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Differential ViT for 28x28 single-channel digits (D=128, 6 blocks, 2 differential heads)."""
-    return _create("diffvit_nano_patch4_28", pretrained, **kwargs)
+def diffvit_nano_patch7_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Differential ViT for 28x28 single-channel digits (D=96, 4 blocks, 2 differential heads of width 24)."""
+    return _create("diffvit_nano_patch7_28", pretrained, **kwargs)
 
 
 @register_model
@@ -327,9 +328,9 @@ def diffvit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionT
 
 # -- softmax baselines ----------------------------------------------------------------------------
 @register_model
-def softvit_nano_patch4_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Softmax baseline of :func:`diffvit_nano_patch4_28` (4 heads of width 32)."""
-    return _create("softvit_nano_patch4_28", pretrained, **kwargs)
+def softvit_nano_patch7_28(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
+    """Softmax baseline of :func:`diffvit_nano_patch7_28` (4 heads of width 24)."""
+    return _create("softvit_nano_patch7_28", pretrained, **kwargs)
 
 
 @register_model

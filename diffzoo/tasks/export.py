@@ -1,0 +1,106 @@
+"""Export trained classifiers as safetensors and reload them through timm.
+
+The safetensors header carries the timm model name and the constructor arguments, so::
+
+    from diffzoo.tasks import load_exported
+    model = load_exported("outputs/vit_imagenet/version_0/model.safetensors")
+
+is the same as::
+
+    import diffzoo, timm
+    model = timm.create_model("diffvit_nano_patch7_28", pretrained=True, num_classes=10, in_chans=1,
+                              pretrained_cfg_overlay=dict(file="outputs/.../model.safetensors", num_classes=10))
+
+(``num_classes`` belongs in the overlay too: timm discards a saved classifier whose size differs from
+the pretrained config's.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+PathLike = Union[str, os.PathLike]
+
+
+def _model_args(hparams: dict[str, Any]) -> dict[str, Any]:
+    args = dict(hparams.get("model_kwargs") or {})
+    for key in ("num_classes", "in_chans", "img_size"):
+        if hparams.get(key) is not None:
+            args.setdefault(key, hparams[key])
+    return args
+
+
+def save_safetensors(
+    state_dict: dict[str, Tensor], path: PathLike, model_name: str, model_args: dict[str, Any]
+) -> Path:
+    """Write ``state_dict`` to ``path`` with the model name and arguments in the header metadata."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    save_file(tensors, str(path), metadata={"model": model_name, "model_args": json.dumps(model_args)})
+    return path
+
+
+def export_module(task: nn.Module, path: PathLike, use_ema: bool = False) -> Path:
+    """Export the classifier of an :class:`ImageClassificationTask` (or its EMA copy) to safetensors."""
+    model = task.ema.module if use_ema and getattr(task, "ema", None) is not None else task.model
+    return save_safetensors(model.state_dict(), path, task.hparams["model"], _model_args(dict(task.hparams)))
+
+
+def export_checkpoint(checkpoint: PathLike, path: Optional[PathLike] = None, use_ema: bool = False) -> Path:
+    """Convert a Lightning checkpoint of :class:`ImageClassificationTask` to ``path`` (default: next to it).
+
+    Args:
+        checkpoint: ``.ckpt`` written by the recipe.
+        path: output ``.safetensors`` path.
+        use_ema: export the EMA weights (the checkpoint must hold them).
+    """
+    checkpoint = Path(checkpoint)
+    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the user's own file
+    hparams = dict(ckpt.get("hyper_parameters", {}))
+    if "model" not in hparams:
+        raise ValueError(f"{checkpoint} was not written by diffzoo.tasks.ImageClassificationTask (no 'model' hparam)")
+    prefix = "ema.module." if use_ema else "model."
+    state = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    if not state:
+        raise ValueError(f"{checkpoint} holds no weights under {prefix!r}" + (" (trained without EMA?)" if use_ema else ""))
+    path = Path(path) if path is not None else checkpoint.with_suffix(".safetensors")
+    return save_safetensors(state, path, hparams["model"], _model_args(hparams))
+
+
+def read_metadata(path: PathLike) -> tuple[str, dict[str, Any]]:
+    """``(model_name, model_args)`` stored in an exported safetensors file."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "model" not in meta:
+        raise ValueError(f"{path} has no diffzoo metadata; pass the model name to timm.create_model yourself")
+    return meta["model"], json.loads(meta.get("model_args", "{}"))
+
+
+def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
+    """Rebuild an exported model with ``timm.create_model(..., pretrained_cfg_overlay=dict(file=path))``.
+
+    ``overrides`` replace stored arguments (e.g. ``num_classes=0`` for a feature extractor).
+    """
+    import timm
+
+    import diffzoo.models  # noqa: F401
+
+    name, args = read_metadata(path)
+    stored_classes = args.get("num_classes")
+    args.update(overrides)
+    # timm keeps the saved classifier only when the cfg's num_classes equals the model's.
+    overlay = dict(file=str(path))
+    if stored_classes is not None:
+        overlay["num_classes"] = stored_classes
+    return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **args)
