@@ -1,0 +1,331 @@
+"""The fused Triton differential-attention kernels against the reference: outputs and every gradient.
+
+Without CUDA the kernels run in Triton's CPU interpreter, which must be switched on
+(``TRITON_INTERPRET=1``) before triton is first imported in the process. This module sets it when it
+is the first to import triton; when something imported triton earlier (``torch.compile`` does), the
+in-process tests skip and ``test_in_subprocess`` runs this module in a fresh interpreter process.
+Output buffers are poisoned with NaN, so an element the kernels fail to write shows up as NaN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+
+triton = pytest.importorskip("triton")
+
+from diffzoo.kernels import diff_attention  # noqa: E402
+from diffzoo.kernels import triton_diff as td  # noqa: E402
+from diffzoo.kernels.reference import diff_attention_reference  # noqa: E402
+from diffzoo.kernels.registry import Call  # noqa: E402
+
+# the interpreter calls a deprecated numpy conversion on every index
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+ON_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if ON_CUDA else "cpu"
+IN_PROCESS = ON_CUDA or (td.INTERPRET and not td._INTERPRETER_BROKEN)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_runnable(request, monkeypatch):
+    if request.function.__name__ != "test_in_subprocess":
+        if not IN_PROCESS:
+            pytest.skip("triton was imported without the interpreter; test_in_subprocess runs these tests")
+        monkeypatch.setattr(td, "_poison", True)
+
+
+def test_in_subprocess(request):
+    if IN_PROCESS:
+        pytest.skip("the kernel tests run in this process")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    markexpr = request.config.option.markexpr or "not slow"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markexpr, str(Path(__file__).resolve())],
+        cwd=root, env=env, capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def make_inputs(B=2, H=1, Hkv=1, Nq=17, Nk=17, d=16, dv=None, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dv = 2 * d if dv is None else dv
+    q = torch.randn(B, 2 * H, Nq, d, generator=g).to(DEVICE, dtype).requires_grad_()
+    k = torch.randn(B, 2 * Hkv, Nk, d, generator=g).to(DEVICE, dtype).requires_grad_()
+    v = torch.randn(B, Hkv, Nk, dv, generator=g).to(DEVICE, dtype).requires_grad_()
+    lam = torch.tensor(0.63, device=DEVICE, requires_grad=True)
+    return q, k, v, lam
+
+
+@contextlib.contextmanager
+def deterministic(flag: bool):
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(flag, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old, warn_only=True)
+
+
+def run_both(q, k, v, lam, *, blocks=None, det=False, seed=1, **kw):
+    """Kernel and reference outputs and gradients (q, k, v, lam) for the same upstream gradient."""
+    blocks_ctx = td._test_blocks(*blocks) if blocks else contextlib.nullcontext()
+    with blocks_ctx, deterministic(det):
+        out = td.diff_attention_triton(q, k, v, lam, **kw)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)
+        grads = torch.autograd.grad(out, (q, k, v, lam), dout)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)] + [lam.detach().clone().requires_grad_()]
+    ref = diff_attention_reference(*leaves, **kw)
+    ref_grads = torch.autograd.grad(ref, leaves, dout.float())
+    return (out, *grads), (ref, *ref_grads)
+
+
+NAMES = ("out", "dq", "dk", "dv", "dlam")
+
+
+def assert_matches(got, want, atol=1e-4, rtol=1e-4):
+    for name, a, b in zip(NAMES, got, want):
+        assert torch.isfinite(a).all(), f"{name} has non-finite values (unwritten or NaN)"
+        torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+def assert_close_rel(got, want, tol):
+    """Max error relative to the largest reference magnitude (for fp16 / bf16 against fp32)."""
+    for name, a, b in zip(NAMES, got, want):
+        assert torch.isfinite(a).all(), f"{name} has non-finite values"
+        err = (a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)
+        assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
+
+
+# --------------------------------------------------------------------------------------------------
+# correctness against the reference
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "Nq, Nk, causal, blocks, det",
+    [
+        (1, 1, False, None, False),
+        (1, 1, True, None, True),
+        (17, 17, True, (16, 16), False),  # ragged tails on both axes
+        (64, 64, False, (16, 32), True),  # exact multiples, several block boundaries
+        (64, 64, True, (32, 16), False),  # rectangular blocks on the diagonal
+        (100, 100, True, (32, 32), True),
+        (100, 100, False, (32, 64), False),
+        (17, 100, True, (16, 32), False),  # kv-cache: queries continue a longer cache
+        (1, 100, True, (16, 32), True),  # one decoding step
+        (100, 17, True, (32, 16), False),  # more queries than keys: leading rows see no key
+        (64, 100, False, (32, 32), True),
+    ],
+)
+def test_fp32_matches_reference(Nq, Nk, causal, blocks, det):
+    q, k, v, lam = make_inputs(Nq=Nq, Nk=Nk)
+    got, want = run_both(q, k, v, lam, causal=causal, blocks=blocks, det=det)
+    assert_matches(got, want)
+
+
+@pytest.mark.parametrize("dtype, tol, det", [(torch.float16, 5e-3, False), (torch.bfloat16, 3e-2, True)])
+def test_half_precision_matches_reference(dtype, tol, det):
+    q, k, v, lam = make_inputs(Nq=70, Nk=70, dtype=dtype)
+    kpm = torch.zeros(2, 70, dtype=torch.bool, device=DEVICE)
+    kpm[1, 50:] = True
+    got, want = run_both(q, k, v, lam, causal=True, key_padding_mask=kpm, blocks=(32, 32), det=det)
+    assert got[0].dtype == dtype and got[1].dtype == dtype
+    assert_close_rel(got, want, tol)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_lengths_differ_per_item(causal):
+    B, N = 3, 40
+    q, k, v, lam = make_inputs(B=B, Nq=N, Nk=N)
+    kpm = torch.zeros(B, N, dtype=torch.bool, device=DEVICE)
+    kpm[1, 23:] = True  # length 23
+    kpm[2, :] = True  # fully padded item: every row has no key
+    got, want = run_both(q, k, v, lam, causal=causal, key_padding_mask=kpm, blocks=(16, 16))
+    assert_matches(got, want)
+    out, dq, dk, dv, _ = got
+    assert (out[2] == 0).all() and (dq[2] == 0).all() and (dk[2] == 0).all() and (dv[2] == 0).all()
+    assert (dk[1, :, 23:] == 0).all() and (dv[1, :, 23:] == 0).all()  # padded keys get no gradient
+
+
+def test_key_padding_not_only_a_suffix():
+    q, k, v, lam = make_inputs(Nq=40, Nk=40)
+    g = torch.Generator().manual_seed(3)
+    kpm = (torch.rand(2, 40, generator=g) < 0.4).to(DEVICE)
+    got, want = run_both(q, k, v, lam, key_padding_mask=kpm, causal=True, blocks=(16, 16))
+    assert_matches(got, want)
+
+
+@pytest.mark.parametrize("Hkv, det", [(2, False), (1, True)])
+def test_grouped_query_heads(Hkv, det):
+    q, k, v, lam = make_inputs(B=1, H=4, Hkv=Hkv, Nq=33, Nk=33)
+    kpm = torch.zeros(1, 33, dtype=torch.bool, device=DEVICE)
+    kpm[0, 27:] = True
+    got, want = run_both(q, k, v, lam, causal=True, key_padding_mask=kpm, blocks=(16, 16), det=det)
+    assert_matches(got, want)
+
+
+def test_bool_attn_mask_with_fully_masked_row():
+    Nq, Nk = 33, 40
+    q, k, v, lam = make_inputs(Nq=Nq, Nk=Nk)
+    g = torch.Generator().manual_seed(5)
+    mask = (torch.rand(Nq, Nk, generator=g) < 0.7).to(DEVICE)  # broadcast over batch and heads
+    mask[4] = False  # a row with no allowed key
+    got, want = run_both(q, k, v, lam, attn_mask=mask, blocks=(16, 16))
+    assert_matches(got, want)
+    assert (got[0][:, :, 4] == 0).all() and (got[1][:, :, 4] == 0).all()
+
+
+@pytest.mark.parametrize("det", [True])
+def test_float_attn_mask_per_head_with_padding_and_causal(det):
+    B, H, N = 2, 2, 33
+    q, k, v, lam = make_inputs(B=B, H=H, Nq=N, Nk=N)
+    g = torch.Generator().manual_seed(6)
+    bias = torch.randn(1, H, N, N, generator=g).to(DEVICE)
+    kpm = torch.zeros(B, N, dtype=torch.bool, device=DEVICE)
+    kpm[1, 25:] = True
+    got, want = run_both(q, k, v, lam, attn_mask=bias, key_padding_mask=kpm, causal=True, blocks=(16, 16), det=det)
+    assert_matches(got, want)
+
+
+def test_large_negative_finite_mask():
+    """A ``-1e4`` "mask" is finite: fully covered rows stay uniform, and padding keys never leak in."""
+    Nq, Nk = 20, 40  # ragged last key tile
+    q, k, v, lam = make_inputs(B=1, Nq=Nq, Nk=Nk)
+    g = torch.Generator().manual_seed(8)
+    bias = torch.where(torch.rand(Nq, Nk, generator=g) < 0.5, 0.0, -1e4).to(DEVICE)
+    bias[3] = -1e4  # every key carries the same large negative bias: a uniform row
+    got, want = run_both(q, k, v, lam, attn_mask=bias, blocks=(16, 32))
+    # logits near -1e4 carry only ~1e-3 of absolute precision in fp32, in the reference as well
+    assert_matches(got, want, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("d, dv", [(32, 64), (24, 40), (16, 16), (8, 16)])
+def test_head_widths(d, dv):
+    """Powers of two run as they are; other widths are zero-padded to the next power of two."""
+    q, k, v, lam = make_inputs(B=1, Nq=33, Nk=33, d=d, dv=dv)
+    got, want = run_both(q, k, v, lam, causal=True, blocks=(16, 16))
+    assert got[0].shape == (1, 1, 33, dv)
+    assert_matches(got, want)
+
+
+def test_explicit_scale_and_non_contiguous_inputs():
+    B, H, N, d = 2, 1, 30, 16
+    g = torch.Generator().manual_seed(7)
+    # the usual layer layout: (B, N, heads, width) viewed as (B, heads, N, width)
+    q = torch.randn(B, N, 2 * H, d, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
+    k = torch.randn(B, N, 2 * H, d, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
+    v = torch.randn(B, N, H, 2 * d, generator=g).to(DEVICE).transpose(1, 2).requires_grad_()
+    lam = torch.tensor(0.2, device=DEVICE, requires_grad=True)
+    assert not q.is_contiguous()
+    got, want = run_both(q, k, v, lam, scale=0.3, blocks=(16, 16))
+    assert_matches(got, want)
+
+
+def test_inference_matches_training_forward():
+    q, k, v, lam = make_inputs(Nq=40, Nk=40)
+    with torch.no_grad():
+        out_ng = td.diff_attention_triton(q, k, v, lam, causal=True)
+    out = td.diff_attention_triton(q, k, v, lam, causal=True)
+    assert out.requires_grad and not out_ng.requires_grad
+    torch.testing.assert_close(out_ng, out.detach(), atol=0, rtol=0)
+
+
+def test_gradient_paths_agree():
+    """Atomic dQ and the deterministic dQ kernel give the same gradients."""
+    q, k, v, lam = make_inputs(B=1, H=2, Hkv=1, Nq=40, Nk=40)
+    got_atomic, _ = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=False)
+    got_det, _ = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=True)
+    for name, a, b in zip(NAMES, got_atomic, got_det):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_public_entry_point_selects_triton():
+    q, k, v, lam = make_inputs(Nq=20, Nk=20)
+    out = diff_attention(q, k, v, lam, causal=True, backend="triton")
+    ref = diff_attention_reference(q, k, v, lam, causal=True)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_torch_compile_traces_the_custom_op():
+    q, k, v, lam = make_inputs(Nq=20, Nk=20)
+
+    def f(q, k, v, lam):
+        return td.diff_attention_triton(q, k, v, lam, causal=True).square().sum()
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)  # fullgraph: no graph break allowed
+    loss = compiled(q, k, v, lam)
+    grads = torch.autograd.grad(loss, (q, k, v, lam))
+    loss_ref = f(q, k, v, lam)
+    grads_ref = torch.autograd.grad(loss_ref, (q, k, v, lam))
+    torch.testing.assert_close(loss, loss_ref)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b)
+
+
+# --------------------------------------------------------------------------------------------------
+# what the kernel refuses, and the test hooks themselves
+# --------------------------------------------------------------------------------------------------
+
+
+def _call(q, k, v, attn_mask=None, dropout_p=0.0):
+    return Call(q, k, v, attn_mask, None, False, dropout_p, True)
+
+
+def test_unsupported_reasons():
+    q, k, v, lam = make_inputs()
+    assert td.unsupported(_call(q, k, v)) is None
+    assert "dropout" in td.unsupported(_call(q, k, v, dropout_p=0.1))
+    wide = torch.zeros(1, 2, 4, 256, device=DEVICE)
+    assert "head width" in td.unsupported(_call(wide, wide, torch.zeros(1, 1, 4, 512, device=DEVICE)))
+    bias = torch.zeros(17, 17, device=DEVICE, requires_grad=True)
+    assert "attn_mask" in td.unsupported(_call(q, k, v, attn_mask=bias))
+    ints = torch.zeros(1, 2, 4, 16, dtype=torch.float64, device=DEVICE)
+    assert "dtype" in td.unsupported(_call(ints, ints, torch.zeros(1, 1, 4, 32, dtype=torch.float64, device=DEVICE)))
+    with pytest.raises(ValueError, match="dropout"):
+        td.diff_attention_triton(q, k, v, lam, dropout_p=0.1)
+
+
+def test_poison_hook_fills_nan():
+    t = td._alloc((3, 4), torch.float32, torch.device(DEVICE))
+    assert torch.isnan(t).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# larger cases
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_larger_fp32(d, causal):
+    q, k, v, lam = make_inputs(B=1, H=2, Hkv=1, Nq=256, Nk=256, d=d)
+    kpm = torch.zeros(1, 256, dtype=torch.bool, device=DEVICE)
+    kpm[0, 200:] = True
+    got, want = run_both(q, k, v, lam, causal=causal, key_padding_mask=kpm, blocks=(64, 32))
+    assert_matches(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
+def test_larger_half_precision_kv_cache(dtype, tol):
+    q, k, v, lam = make_inputs(B=2, H=4, Hkv=2, Nq=77, Nk=256, d=64, dtype=dtype)
+    got, want = run_both(q, k, v, lam, causal=True, blocks=(32, 64))
+    assert_close_rel(got, want, tol)
