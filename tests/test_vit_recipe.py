@@ -113,7 +113,17 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch) -> None:
     cfg = _digits_config(tmp_path)
     straight = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "2"])
     assert straight.trainer.global_step == 8  # 200 digits / 50 per batch, 2 epochs
-    first = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "1"])
+    # The same 2-epoch run, stopped after its first epoch (as if killed), then resumed.
+    import lightning.pytorch as pl
+
+    class StopAfterFirstEpoch(pl.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.should_stop = True
+
+    first = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "2"], run=False)
+    first.trainer.callbacks.append(StopAfterFirstEpoch())
+    first.trainer.fit(first.model, datamodule=first.datamodule)
+    assert first.trainer.global_step == 4
     ckpts = sorted(Path(first.trainer.log_dir, "checkpoints").glob("*.ckpt"))
     assert [p.name for p in ckpts] == ["epoch000-step0000004.ckpt", "last.ckpt"]
     last = Path(first.trainer.log_dir, "checkpoints", "last.ckpt")

@@ -95,7 +95,7 @@ class RobustImageFolder(Dataset):
 
     @property
     def num_bad(self) -> int:
-        """Unreadable images met so far (all workers of this process)."""
+        """Failed image reads so far (all workers of this process; a bad file read twice counts twice)."""
         return int(self._num_bad.value)
 
     def __len__(self) -> int:

@@ -118,7 +118,7 @@ class ShardImageDataset(IterableDataset):
     def _pass(self, shards: list[str]) -> Iterator[tuple]:
         import webdataset as wds
 
-        for sample in wds.tarfile_to_samples([{"url": u} for u in shards], handler=self._handler):
+        for sample in wds.tarfile_samples([{"url": u} for u in shards], handler=self._handler):
             item = self._decode(sample)
             if item is not None:
                 yield item

@@ -183,9 +183,11 @@ class ImageClassificationTask(pl.LightningModule):
 
     # -- exact resume --------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Plain tensors and tuples only, so Lightning's weights_only checkpoint loading accepts them.
+        name, keys, pos, has_gauss, cached = np.random.get_state()
         checkpoint["rng_states"] = {
             "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
+            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
             "python": random.getstate(),
         }
 
@@ -193,5 +195,6 @@ class ImageClassificationTask(pl.LightningModule):
         states = checkpoint.get("rng_states")
         if states:
             torch.set_rng_state(states["torch"])
-            np.random.set_state(states["numpy"])
+            name, keys, pos, has_gauss, cached = states["numpy"]
+            np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
             random.setstate(states["python"])

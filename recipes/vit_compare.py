@@ -1,0 +1,125 @@
+"""Differential vs softmax ViT at matched parameters on the embedded digits, several seeds.
+
+    OMP_NUM_THREADS=1 python -m recipes.vit_compare --seeds 0 1 2 [--plot docs/results/vit_digits_curves.png]
+
+Each run is ``python -m recipes.vit_imagenet`` with the default config (``configs/vit_digits.yaml``), one
+with ``diffvit_nano_patch7_28`` and one with ``softvit_nano_patch7_28`` per seed (the seed sets the
+initialisation and the training order; the train/validation split is fixed). Runs go to
+``outputs/vit_compare/<model>_seed<k>/``; the table of final validation top-1 (mean, sample standard
+deviation, min-max) is printed as markdown and saved with the curves in ``outputs/vit_compare/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODELS = ("diffvit_nano_patch7_28", "softvit_nano_patch7_28")
+OUT = Path("outputs/vit_compare")
+
+
+def run_one(model: str, seed: int, extra: list[str]) -> dict:
+    """Train one model with one seed in a fresh process; returns its summary and per-epoch curves."""
+    name = f"{model}_seed{seed}"
+    cmd = [
+        sys.executable, "-m", "recipes.vit_imagenet", "--model.model", model, "--seed_everything", str(seed),
+        "--data.init_args.seed", str(seed), "--trainer.logger.init_args.save_dir", str(OUT),
+        "--trainer.logger.init_args.name", name, "--trainer.enable_progress_bar", "false",
+        "--checkpoint.save_top_k", "1", *extra,
+    ]
+    start = time.time()
+    subprocess.run(cmd, check=True)
+    log_dir = sorted((OUT / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+    summary = json.loads((log_dir / "summary.json").read_text())
+    curves: dict[str, list[float]] = {"val/top1": [], "val/loss": [], "train/loss_epoch": []}
+    with open(log_dir / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            for key in curves:
+                if row.get(key):
+                    curves[key].append(float(row[key]))
+    return {"model": model, "seed": seed, "seconds": time.time() - start, "summary": summary, "curves": curves}
+
+
+def table(runs: list[dict]) -> str:
+    """Markdown table of final validation top-1 per model."""
+    lines = ["| model | params | seeds | val top-1 % (mean ± std) | min - max | per seed |", "|---|---|---|---|---|---|"]
+    for model in MODELS:
+        accs = [100 * r["summary"]["metrics"]["val/top1"] for r in runs if r["model"] == model]
+        if not accs:
+            continue
+        std = statistics.stdev(accs) if len(accs) > 1 else 0.0
+        params = next(r["params"] for r in runs if r["model"] == model)
+        lines.append(
+            f"| {model} | {params:,} | {len(accs)} | {statistics.mean(accs):.2f} ± {std:.2f} | "
+            f"{min(accs):.1f} - {max(accs):.1f} | {', '.join(f'{a:.1f}' for a in accs)} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Validation top-1 and training loss per epoch: mean line and min-max band per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), dpi=90)
+    for model, color in zip(MODELS, ("tab:red", "tab:blue")):
+        for ax, key, scale in ((axes[0], "val/top1", 100), (axes[1], "train/loss_epoch", 1)):
+            ys = [r["curves"][key] for r in runs if r["model"] == model]
+            if not ys:
+                continue
+            n = min(len(y) for y in ys)
+            arr = scale * np.array([y[:n] for y in ys])
+            x = np.arange(1, n + 1)
+            ax.plot(x, arr.mean(0), color=color, label=f"{model.split('_')[0]} (n={len(ys)})")
+            ax.fill_between(x, arr.min(0), arr.max(0), color=color, alpha=0.2)
+    axes[0].set(xlabel="epoch", ylabel="val top-1 (%)", title="validation top-1")
+    axes[1].set(xlabel="epoch", ylabel="loss", title="training loss", yscale="log")
+    axes[0].legend()
+    fig.suptitle("embedded MNIST-5k digits, nano ViT (D=96, 4 blocks), matched parameters", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
+    p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
+    args, extra = p.parse_known_args(argv)
+    results = OUT / "results.json"
+    if args.from_results:
+        runs = json.loads(results.read_text())
+    else:
+        import timm
+
+        import diffzoo.models  # noqa: F401
+        from diffzoo.layers import count_parameters
+
+        params = {m: count_parameters(timm.create_model(m)) for m in MODELS}
+        runs = []
+        for seed in args.seeds:
+            for model in MODELS:
+                r = run_one(model, seed, extra)
+                r["params"] = params[model]
+                runs.append(r)
+                OUT.mkdir(parents=True, exist_ok=True)
+                results.write_text(json.dumps(runs, indent=1))
+    print(table(runs))
+    print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
+    if args.plot:
+        plot(runs, args.plot)
+        print(f"curves: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
