@@ -15,8 +15,6 @@ from diffzoo.layers.attention import Attention
 from diffzoo.models import VIT_CONFIGS, VisionTransformer, matched_name, model_names
 
 ALL = model_names()
-# ViT-B takes ~10 s per model to build and run on 2 CPU cores: it runs with -m slow.
-PARAMS = [pytest.param(n, marks=pytest.mark.slow) if "base" in n else n for n in ALL]
 
 
 def _small_kwargs(name: str) -> dict:
@@ -24,7 +22,7 @@ def _small_kwargs(name: str) -> dict:
     return {"img_size": 32} if name.endswith("_224") else {}
 
 
-@pytest.mark.parametrize("name", PARAMS)
+@pytest.mark.parametrize("name", ALL)
 def test_registered_model_forward_backward(name: str) -> None:
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=7, **_small_kwargs(name))

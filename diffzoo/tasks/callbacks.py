@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_only
 
 from .export import export_module
 
@@ -26,9 +25,10 @@ class RunSummary(pl.Callback):
         self.monitor = monitor
         self.summary: dict[str, Any] = {}
 
-    @rank_zero_only
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        out = Path(trainer.log_dir or trainer.default_root_dir)
+        out = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
+        if not trainer.is_global_zero:
+            return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
         ckpt = trainer.checkpoint_callback
         summary: dict[str, Any] = {
