@@ -274,3 +274,21 @@ def test_bad_masks_raise_clear_errors():
         diff_attention(q, k, v, lam, key_padding_mask=torch.zeros(2, 36, dtype=torch.bool))
     with pytest.raises(ValueError, match="must be bool"):
         diff_attention(q, k, v, lam, key_padding_mask=torch.zeros(2, 37))
+
+
+def test_device_and_dtype_mismatch_raise():
+    q, k, v, lam = make_inputs()
+    with pytest.raises(ValueError, match="one device"):
+        diff_attention(q.detach().to("meta"), k, v, lam, backend="reference")
+    with pytest.raises(ValueError, match="floating-point"):
+        diff_attention(q.long(), k.long(), v.long(), lam, backend="reference")
+    kp = torch.zeros(2, 37, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match="key_padding_mask is on meta"):
+        diff_attention(q, k, v, lam, key_padding_mask=kp, backend="reference")
+
+
+def test_environment_variable_rejects_unknown_names(monkeypatch):
+    q, k, v, lam = make_inputs()
+    monkeypatch.setenv(registry.ENV_VAR, "fastest")
+    with pytest.raises(ValueError, match="unknown attention backend 'fastest'"):
+        diff_attention(q, k, v, lam)

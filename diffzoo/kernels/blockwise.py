@@ -3,8 +3,8 @@
 For a block of query rows it forms both softmax maps over *all* keys (exact, not online), combines
 them into ``P = P1 - lam * P2`` and multiplies by ``V`` once, so the forward costs the FLOPs of one
 standard attention (SPEC section 3) while memory stays ``O(block * N)``. The backward recomputes the
-maps from the saved log-sum-exps, computes ``dV = P^T dO`` once, shares ``dP = dO V^T`` between both
-branches and returns the gradient of lambda.
+maps of each block with the same fused softmax (nothing of size ``N^2`` is stored), computes
+``dV = P^T dO`` once, shares ``dP = dO V^T`` between both branches and returns the gradient of lambda.
 
 Grouped-query heads are folded into the row dimension (the ``G`` query heads of one key/value group
 become ``G * rows`` rows against the same keys), so keys and values are never copied per head.
@@ -51,13 +51,27 @@ def _block_bias(bias: Optional[Tensor], causal: bool, r0: int, r1: int, Nq: int,
     return out
 
 
-def _scores(qb: Tensor, kb: Tensor, scale: float, bias: Optional[Tensor], B: int, H: int, rows: int) -> Tensor:
-    """``qb (B, Hkv, G*rows, d) @ kb^T`` -> fp32 logits ``(B, H, rows, Nk)`` with the bias added."""
-    s = torch.matmul(qb, kb.transpose(-1, -2)).float().mul_(scale)
-    s = s.view(B, H, rows, s.shape[-1])
-    if bias is not None:
-        s = s + bias
-    return s
+def _block_maps(
+    q1b: Tensor, q2b: Tensor, k1: Tensor, k2: Tensor, bias: Optional[Tensor], B: int, H: int, rows: int
+) -> tuple[Tensor, Tensor]:
+    """Both softmax maps of one block, fp32 ``(B, H, rows, Nk)``; the queries are pre-scaled."""
+    maps = []
+    for qb, kb in ((q1b, k1), (q2b, k2)):
+        s = torch.matmul(qb, kb.transpose(-1, -2)).float()  # (B, Hkv, G*rows, Nk)
+        s = s.view(B, H, rows, s.shape[-1])
+        if bias is not None:
+            s = s.add_(bias)
+        maps.append(torch.softmax(s, dim=-1))
+    return maps[0], maps[1]
+
+
+def _split_block(q5: Tensor, r0: int, r1: int) -> tuple[Tensor, Tensor]:
+    """Rows ``r0:r1`` of ``q5 (B, Hkv, G, 2, Nq, d)`` as two ``(B, Hkv, G * rows, d)`` tensors."""
+    B, Hkv, G, _, _, d = q5.shape
+    return (
+        q5[:, :, :, 0, r0:r1].reshape(B, Hkv, G * (r1 - r0), d),
+        q5[:, :, :, 1, r0:r1].reshape(B, Hkv, G * (r1 - r0), d),
+    )
 
 
 class _BlockwiseDiffAttention(torch.autograd.Function):
@@ -66,42 +80,33 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         B, H2, Nq, d = q.shape
         H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
         G = H // Hkv
-        q5 = q.view(B, Hkv, G, 2, Nq, d)
+        qs = q * scale  # fold the logit scale into the queries once
+        q5 = qs.view(B, Hkv, G, 2, Nq, d)
         k1, k2 = k.view(B, Hkv, 2, Nk, d).unbind(2)
-        lam_f = lam.float()
+        lam_v = float(lam)
         out = _alloc(q, B, H, Nq, dv)
-        lse1 = _alloc(q, B, H, Nq, dtype=torch.float32)
-        lse2 = _alloc(q, B, H, Nq, dtype=torch.float32)
         rows = _block_rows(B, H, Nq, Nk)
         for r0 in range(0, Nq, rows):
             r1 = min(Nq, r0 + rows)
             n = r1 - r0
-            blk_bias = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device)
-            q1b = q5[:, :, :, 0, r0:r1].reshape(B, Hkv, G * n, d)
-            q2b = q5[:, :, :, 1, r0:r1].reshape(B, Hkv, G * n, d)
-            s1 = _scores(q1b, k1, scale, blk_bias, B, H, n)
-            s2 = _scores(q2b, k2, scale, blk_bias, B, H, n)
-            l1 = torch.logsumexp(s1, dim=-1, keepdim=True)
-            l2 = torch.logsumexp(s2, dim=-1, keepdim=True)
-            p = torch.exp(s1.sub_(l1)).sub_(torch.exp(s2.sub_(l2)).mul_(lam_f))  # (B, H, n, Nk)
-            p = p.to(v.dtype).view(B, Hkv, G * n, Nk)
+            q1b, q2b = _split_block(q5, r0, r1)
+            p1, p2 = _block_maps(q1b, q2b, k1, k2, _block_bias(bias, causal, r0, r1, Nq, Nk, q.device), B, H, n)
+            p = p1.add_(p2, alpha=-lam_v).to(v.dtype).view(B, Hkv, G * n, Nk)  # P1 - lam P2
             out[:, :, r0:r1] = torch.matmul(p, v).view(B, H, n, dv)
-            lse1[:, :, r0:r1] = l1.squeeze(-1)
-            lse2[:, :, r0:r1] = l2.squeeze(-1)
-        ctx.save_for_backward(q, k, v, lam, bias, lse1, lse2)
+        ctx.save_for_backward(q, k, v, lam, bias)
         ctx.causal, ctx.scale = causal, scale
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, lam, bias, lse1, lse2 = ctx.saved_tensors
+        q, k, v, lam, bias = ctx.saved_tensors
         causal, scale = ctx.causal, ctx.scale
         B, H2, Nq, d = q.shape
         H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
         G = H // Hkv
-        q5 = q.view(B, Hkv, G, 2, Nq, d)
+        q5 = (q * scale).view(B, Hkv, G, 2, Nq, d)
         k1, k2 = k.view(B, Hkv, 2, Nk, d).unbind(2)
-        lam_f = lam.float()
+        lam_v = float(lam)
         dout = dout.contiguous()
         dq = _alloc(q, *q.shape)
         dq5 = dq.view(B, Hkv, G, 2, Nq, d)
@@ -110,29 +115,27 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         dk2 = torch.zeros_like(dk1)
         dv_acc = torch.zeros(B, Hkv, Nk, dv, dtype=f32, device=q.device)
         dlam = torch.zeros((), dtype=f32, device=q.device)
+        softmax_backward = torch.ops.aten._softmax_backward_data
         rows = _block_rows(B, H, Nq, Nk)
         for r0 in range(0, Nq, rows):
             r1 = min(Nq, r0 + rows)
             n = r1 - r0
-            blk_bias = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device)
-            q1b = q5[:, :, :, 0, r0:r1].reshape(B, Hkv, G * n, d)
-            q2b = q5[:, :, :, 1, r0:r1].reshape(B, Hkv, G * n, d)
-            p1 = torch.exp(_scores(q1b, k1, scale, blk_bias, B, H, n).sub_(lse1[:, :, r0:r1, None]))
-            p2 = torch.exp(_scores(q2b, k2, scale, blk_bias, B, H, n).sub_(lse2[:, :, r0:r1, None]))
+            q1b, q2b = _split_block(q5, r0, r1)
+            # Recompute both maps exactly (whole rows), instead of storing them.
+            p1, p2 = _block_maps(q1b, q2b, k1, k2, _block_bias(bias, causal, r0, r1, Nq, Nk, q.device), B, H, n)
             do = dout[:, :, r0:r1].reshape(B, Hkv, G * n, dv)
-            p = (p1 - lam_f * p2).to(v.dtype).view(B, Hkv, G * n, Nk)
-            dv_acc += torch.matmul(p.transpose(-1, -2), do).float()
+            p = torch.add(p1, p2, alpha=-lam_v).to(v.dtype).view(B, Hkv, G * n, Nk)
+            dv_acc += torch.matmul(p.transpose(-1, -2), do).float()  # dV = (P1 - lam P2)^T dO, once
             dp = torch.matmul(do, v.transpose(-1, -2)).float().view(B, H, n, Nk)  # shared by both branches
-            dlam -= (p2 * dp).sum()
-            ds1 = p1 * (dp - (p1 * dp).sum(-1, keepdim=True))
-            ds2 = p2 * (dp - (p2 * dp).sum(-1, keepdim=True))
-            ds2 = ds2.mul_(-lam_f)
-            ds1 = ds1.mul_(scale).to(q.dtype).view(B, Hkv, G * n, Nk)
-            ds2 = ds2.mul_(scale).to(q.dtype).view(B, Hkv, G * n, Nk)
+            dlam -= torch.dot(p2.reshape(-1), dp.reshape(-1))
+            # dS = P * (dP - rowsum(P * dP)) per branch; branch 2 carries the factor -lam
+            ds1 = softmax_backward(dp, p1, -1, f32).to(q.dtype).view(B, Hkv, G * n, Nk)
+            ds2 = softmax_backward(dp, p2, -1, f32).mul_(-lam_v).to(q.dtype).view(B, Hkv, G * n, Nk)
             dq5[:, :, :, 0, r0:r1] = torch.matmul(ds1, k1).view(B, Hkv, G, n, d)
             dq5[:, :, :, 1, r0:r1] = torch.matmul(ds2, k2).view(B, Hkv, G, n, d)
             dk1 += torch.matmul(ds1.transpose(-1, -2), q1b).float()
             dk2 += torch.matmul(ds2.transpose(-1, -2), q2b).float()
+        dq.mul_(scale)  # the gradient flowed to the scaled queries
         dk = torch.stack((dk1, dk2), dim=2).view(B, 2 * Hkv, Nk, d).to(k.dtype)
         return dq, dk, dv_acc.to(v.dtype), dlam.to(lam.dtype).reshape(lam.shape), None, None, None
 
