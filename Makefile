@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 run: venv
-	$(PY) -m recipes.demo
+	$(PY) -m recipes.vit_imagenet
 
 test: venv
 	$(PY) -m pytest -q
