@@ -1,0 +1,163 @@
+"""Multi-needle key-information retrieval contexts (the paper's Section 3.4 test, SPEC section 5).
+
+A context is distractor text (real corpus tokens) with ``N`` needles ``" The key of ABC is 123. "``
+inserted at chosen depths, followed by a query that repeats one needle's prefix; the model must
+produce its value::
+
+    ...distractor... The key of QXV is 417. ...distractor... The key of MRA is 902. ...
+    The key of QXV is 417
+                      ^^^ answer (scored by exact match of every answer token)
+
+The queried needle sits at ``depth`` (0 = start of the context, 1 = just before the query); the
+other ``N - 1`` needles, with distinct names, are placed uniformly at random. Every span is recorded
+so the evaluation can measure attention to the answer and to the distractors.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["NeedleSample", "Tokenizer", "make_needle_sample", "needle_sample_from_seed", "needle_text", "query_text"]
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+def needle_text(name: str, value: str) -> str:
+    """The needle sentence planted in the context."""
+    return f" The key of {name} is {value}. "
+
+
+def query_text(name: str) -> str:
+    """The query that ends the context; the answer (the value) follows it."""
+    return f"\nThe key of {name} is "
+
+
+@dataclass
+class NeedleSample:
+    """One retrieval context.
+
+    Attributes:
+        tokens: int64 ``(length,)``: context, query and answer.
+        answer: ``(start, end)`` of the answer tokens at the end of ``tokens`` (what the model must produce).
+        value: ``(start, end)`` of the queried needle's value inside the context (the answer span of the
+            attention scores).
+        needles: ``(start, end)`` of every needle sentence; ``needles[0]`` is the queried one.
+        query: ``(start, end)`` of the query text before the answer.
+        depth: requested depth of the queried needle; ``num_needles``: needles in the context.
+    """
+
+    tokens: Tensor
+    answer: tuple[int, int]
+    value: tuple[int, int]
+    needles: list[tuple[int, int]] = field(default_factory=list)
+    query: tuple[int, int] = (0, 0)
+    depth: float = 0.0
+    num_needles: int = 1
+
+    def noise_mask(self) -> Tensor:
+        """bool ``(length,)``: True at distractor tokens (context outside every needle, before the query)."""
+        mask = torch.zeros(len(self.tokens), dtype=torch.bool)
+        mask[: self.query[0]] = True
+        for s, e in self.needles:
+            mask[s:e] = False
+        return mask
+
+
+def _random_names(rng: np.random.Generator, n: int, letters: int = 3) -> list[str]:
+    names: list[str] = []
+    while len(names) < n:
+        name = "".join(rng.choice(list(string.ascii_uppercase), letters))
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def make_needle_sample(
+    distractor: np.ndarray,
+    tokenizer: Tokenizer,
+    length: int,
+    num_needles: int,
+    depth: float,
+    rng: np.random.Generator,
+    value_digits: int = 3,
+) -> NeedleSample:
+    """Build one context of exactly ``length`` tokens.
+
+    Args:
+        distractor: 1-d token array the filler text is cut from (at a random offset).
+        tokenizer: has ``encode(str) -> list[int]`` (the byte tokenizer or any other).
+        length: total tokens including query and answer.
+        num_needles: needles in the context (>= 1); the first is the queried one.
+        depth: position of the queried needle in the filler, 0..1.
+        rng: numpy generator (all randomness comes from it).
+        value_digits: digits of each needle's value.
+    """
+    if num_needles < 1:
+        raise ValueError(f"num_needles={num_needles} must be >= 1")
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth={depth} must be in [0, 1]")
+    names = _random_names(rng, num_needles)
+    values = ["".join(rng.choice(list(string.digits), value_digits)) for _ in names]
+    needles = [tokenizer.encode(needle_text(n, v)) for n, v in zip(names, values)]
+    query = tokenizer.encode(query_text(names[0]))
+    answer = tokenizer.encode(values[0])
+    filler_len = length - len(query) - len(answer) - sum(len(t) for t in needles)
+    if filler_len < 0:
+        raise ValueError(
+            f"length={length} is too short for {num_needles} needle(s): needles, query and answer alone take "
+            f"{length - filler_len} tokens"
+        )
+    if len(distractor) < filler_len:
+        raise ValueError(f"the distractor text has {len(distractor)} tokens; {filler_len} are needed")
+    start = int(rng.integers(0, len(distractor) - filler_len + 1))
+    filler = np.asarray(distractor[start : start + filler_len], dtype=np.int64)
+    # Insertion points into the filler: the queried needle at its depth, the others uniformly.
+    points = [int(round(depth * filler_len))] + [int(p) for p in rng.integers(0, filler_len + 1, num_needles - 1)]
+    order = sorted(range(num_needles), key=lambda i: (points[i], i))
+    pieces: list[np.ndarray] = []
+    spans: dict[int, tuple[int, int]] = {}
+    cursor, pos = 0, 0
+    for i in order:
+        pieces.append(filler[cursor : points[i]])
+        pos += points[i] - cursor
+        cursor = points[i]
+        pieces.append(np.asarray(needles[i], dtype=np.int64))
+        spans[i] = (pos, pos + len(needles[i]))
+        pos += len(needles[i])
+    pieces.append(filler[cursor:])
+    pieces += [np.asarray(query, dtype=np.int64), np.asarray(answer, dtype=np.int64)]
+    tokens = torch.from_numpy(np.concatenate(pieces))
+    assert len(tokens) == length
+    # The queried needle's value: where its encoding ends with "<value>. "
+    s, e = spans[0]
+    suffix = len(tokenizer.encode(f"{values[0]}. "))
+    value_start = e - suffix
+    answer_start = length - len(answer)
+    return NeedleSample(
+        tokens=tokens, answer=(answer_start, length), value=(value_start, value_start + len(answer)),
+        needles=[spans[i] for i in range(num_needles)], query=(answer_start - len(query), answer_start),
+        depth=depth, num_needles=num_needles,
+    )
+
+
+def needle_sample_from_seed(
+    distractor: np.ndarray,
+    tokenizer: Tokenizer,
+    length: int,
+    seed: int,
+    needle_counts: Sequence[int] = (1, 2, 4),
+    depth: Optional[float] = None,
+) -> NeedleSample:
+    """A training-mix sample: needle count and depth drawn from ``seed`` (depth uniform unless given)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice(list(needle_counts)))
+    d = float(rng.uniform()) if depth is None else depth
+    return make_needle_sample(distractor, tokenizer, length, n, d, rng)

@@ -1,0 +1,344 @@
+"""Text corpora for language modelling: tokenise once into a memory-mapped token file, then random windows.
+
+The embedded default is real English that ships with Python: the help topics of the standard library's
+``pydoc_data/topics.py`` (~750 KB, the text ``help("FOR")`` prints). The byte-level tokenizer needs no
+download; a ``tokenizer.json`` of the ``tokenizers`` package may be given instead.
+
+Training windows start at random offsets drawn from ``(seed, epoch)`` only, so a run resumed from an
+epoch checkpoint sees exactly the windows the uninterrupted run would have seen. A fraction of the
+training windows can be replaced by key-information retrieval contexts (:mod:`.needles`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, Union
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .modules import _rank_world, epoch_sampler
+from .needles import needle_sample_from_seed
+
+PathLike = Union[str, os.PathLike]
+
+__all__ = [
+    "ByteTokenizer",
+    "FileTokenizer",
+    "RandomWindowSampler",
+    "TextDataModule",
+    "TokenWindows",
+    "get_tokenizer",
+    "load_tokens",
+    "pydoc_topics_text",
+    "tokenize_corpus",
+]
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: vocabulary 256, no download, lossless. Token 0 (NUL) doubles as padding."""
+
+    name = "byte"
+    vocab_size = 256
+    pad_id = 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class FileTokenizer:
+    """A ``tokenizer.json`` (Hugging Face ``tokenizers``) read from a local file."""
+
+    pad_id = 0
+
+    def __init__(self, path: PathLike) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:  # pragma: no cover
+            raise ImportError("a tokenizer.json needs the tokenizers package: pip install tokenizers") from e
+        self.path = Path(path)
+        self._tok = Tokenizer.from_file(str(self.path))
+        self.name = f"{self.path.name}-{_sha1(self.path.read_bytes())[:8]}"
+        self.vocab_size = self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids])
+
+
+def get_tokenizer(name: str = "byte") -> Union[ByteTokenizer, FileTokenizer]:
+    """``"byte"`` or the path of a ``tokenizer.json``."""
+    if name == "byte":
+        return ByteTokenizer()
+    if os.path.isfile(name):
+        return FileTokenizer(name)
+    raise ValueError(f"tokenizer={name!r}: expected 'byte' or the path of an existing tokenizer.json")
+
+
+def pydoc_topics_text() -> str:
+    """The embedded corpus: every help topic of ``pydoc_data.topics``, sorted by name, blank-line separated."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key].strip() for key in sorted(topics)) + "\n"
+
+
+def _sha1(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+def _read_corpus(corpus: Optional[Union[PathLike, Sequence[PathLike]]]) -> tuple[str, str]:
+    """``(text, label)`` of the corpus: the embedded topics, text files, or every ``*.txt`` of a folder."""
+    if corpus is None:
+        return pydoc_topics_text(), "pydoc_topics"
+    paths = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
+    if not paths:
+        raise ValueError("corpus is an empty list; pass text files, a folder of *.txt, or None for the default")
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.rglob("*.txt"))
+            if not found:
+                raise FileNotFoundError(f"corpus folder {p} holds no *.txt files")
+            files += found
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"corpus file {p} does not exist")
+    texts = []
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if not text.strip():
+            raise ValueError(f"corpus file {f} is empty")
+        texts.append(text)
+    return "\n\n".join(texts), files[0].stem if len(files) == 1 else f"{files[0].stem}+{len(files) - 1}"
+
+
+def tokenize_corpus(
+    corpus: Optional[Union[PathLike, Sequence[PathLike]]] = None,
+    tokenizer: str = "byte",
+    cache_dir: PathLike = "outputs/cache/text",
+) -> Path:
+    """Tokenise the corpus once into ``<cache_dir>/<label>-<tokenizer>-<hash>.bin`` (raw tokens) and return it.
+
+    The file name carries a hash of the text and the tokenizer, so a changed corpus is tokenised again
+    and an unchanged one is reused. A ``.json`` file beside it records ``dtype`` and ``num_tokens``.
+    """
+    tok = get_tokenizer(tokenizer)
+    text, label = _read_corpus(corpus)
+    digest = _sha1(text.encode("utf-8") + tok.name.encode())[:12]
+    path = Path(cache_dir) / f"{label}-{tok.name}-{digest}.bin"
+    meta_path = path.with_suffix(".json")
+    if path.is_file() and meta_path.is_file():
+        return path
+    ids = tok.encode(text)
+    if not ids:
+        raise ValueError(f"the corpus {label!r} produced no tokens")
+    dtype = np.uint8 if tok.vocab_size <= 2**8 else np.uint16 if tok.vocab_size <= 2**16 else np.uint32
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    np.asarray(ids, dtype=dtype).tofile(tmp)
+    os.replace(tmp, path)  # atomic: concurrent processes never read a half-written file
+    meta = {"dtype": np.dtype(dtype).name, "num_tokens": len(ids), "tokenizer": tok.name, "source": label}
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return path
+
+
+def load_tokens(path: PathLike) -> np.memmap:
+    """Memory-map a token file written by :func:`tokenize_corpus` (read-only)."""
+    path = Path(path)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))
+
+
+class TokenWindows(Dataset):
+    """Windows of ``seq_len + 1`` tokens from ``tokens[start:end]`` of a token file, as ``(x, y)`` pairs.
+
+    An index is either a window number (when ``offsets`` is given: fixed validation windows) or a key
+    ``(offset, needle_seed)`` from :class:`RandomWindowSampler`; ``needle_seed >= 0`` returns a retrieval
+    context drawn from that seed instead of plain text. The memory map is opened lazily in each worker.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        seq_len: int,
+        start: int = 0,
+        end: Optional[int] = None,
+        offsets: Optional[Sequence[int]] = None,
+        tokenizer: str = "byte",
+        needle_counts: Sequence[int] = (1, 2, 4),
+    ) -> None:
+        self.path, self.seq_len, self.tokenizer_name = str(path), seq_len, tokenizer
+        n = len(load_tokens(path))
+        self.start, self.end = start, n if end is None else end
+        if self.end - self.start < seq_len + 1:
+            raise ValueError(
+                f"{self.end - self.start} tokens cannot fill one window of seq_len + 1 = {seq_len + 1}; "
+                "use a longer corpus or a shorter seq_len"
+            )
+        self.offsets = list(offsets) if offsets is not None else None
+        self.needle_counts = tuple(needle_counts)
+        self._tokens: Optional[np.memmap] = None
+        self._tok = None
+
+    @property
+    def num_offsets(self) -> int:
+        """Number of distinct window start positions."""
+        return self.end - self.start - self.seq_len
+
+    @property
+    def tokens(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = load_tokens(self.path)
+        return self._tokens[self.start : self.end]
+
+    def __len__(self) -> int:
+        return len(self.offsets) if self.offsets is not None else self.num_offsets
+
+    def __getitem__(self, key: Union[int, tuple[int, int]]) -> tuple[Tensor, Tensor]:
+        if isinstance(key, tuple):
+            offset, needle_seed = key
+        else:
+            offset, needle_seed = (self.offsets[key] if self.offsets is not None else key), -1
+        if needle_seed >= 0:
+            if self._tok is None:
+                self._tok = get_tokenizer(self.tokenizer_name)
+            window = needle_sample_from_seed(
+                self.tokens, self._tok, self.seq_len + 1, needle_seed, self.needle_counts
+            ).tokens
+        else:
+            window = torch.from_numpy(self.tokens[offset : offset + self.seq_len + 1].astype(np.int64))
+        return window[:-1], window[1:]
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_tokens"] = None  # reopened in the worker
+        return state
+
+
+class RandomWindowSampler(DistributedSampler):
+    """``num_windows`` random ``(offset, needle_seed)`` keys per epoch, from ``(seed, epoch)`` only.
+
+    A :class:`~torch.utils.data.DistributedSampler`, so Lightning keeps it under DDP (each rank takes
+    every ``world``-th key) and calls :meth:`set_epoch`.
+
+    Args:
+        dataset: the :class:`TokenWindows` of the training split.
+        num_windows: windows per epoch over all ranks.
+        seed: seed of the order.
+        needle_fraction: probability that a window is a retrieval context instead of plain text.
+    """
+
+    def __init__(self, dataset: TokenWindows, num_windows: int, seed: int = 0, needle_fraction: float = 0.0) -> None:
+        rank, world = _rank_world()
+        super().__init__(dataset, num_replicas=world, rank=rank, shuffle=False, seed=seed)
+        if num_windows < 1:
+            raise ValueError(f"num_windows={num_windows} must be positive")
+        if not 0.0 <= needle_fraction <= 1.0:
+            raise ValueError(f"needle_fraction={needle_fraction} must be in [0, 1]")
+        self.num_windows, self.needle_fraction = num_windows, needle_fraction
+        self.num_samples = math.ceil(num_windows / world)
+        self.total_size = self.num_samples * world
+
+    def keys(self, epoch: int) -> list[tuple[int, int]]:
+        """Every rank's keys of ``epoch``, in order."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        offsets = torch.randint(0, self.dataset.num_offsets, (self.total_size,), generator=g).tolist()
+        needle = (torch.rand(self.total_size, generator=g) < self.needle_fraction).tolist()
+        seeds = torch.randint(0, 2**31 - 1, (self.total_size,), generator=g).tolist()
+        return [(o, s if n else -1) for o, n, s in zip(offsets, needle, seeds)]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.keys(self.epoch)[self.rank : self.total_size : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class TextDataModule(pl.LightningDataModule):
+    """Language-model windows from a text corpus (default: the embedded ``pydoc_data`` topics).
+
+    Args:
+        corpus: text file(s) or a folder of ``*.txt``; None for the embedded default.
+        tokenizer: ``"byte"`` or the path of a ``tokenizer.json``.
+        cache_dir: where the token file is written once.
+        seq_len: tokens per training window (the model sees ``seq_len`` inputs and targets).
+        batch_size: windows per batch and device.
+        train_windows: windows per epoch (all devices together); an epoch ends with validation and a checkpoint.
+        val_windows: fixed, non-overlapping validation windows (at most what the split holds).
+        val_fraction: the last fraction of the corpus held out for validation.
+        needle_fraction: share of training windows replaced by retrieval contexts (0 = plain LM).
+        needle_counts: needle counts drawn for those contexts.
+        seed: seed of the window order.
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        corpus: Optional[Union[str, list[str]]] = None,
+        tokenizer: str = "byte",
+        cache_dir: str = "outputs/cache/text",
+        seq_len: int = 256,
+        batch_size: int = 16,
+        train_windows: int = 3200,
+        val_windows: int = 64,
+        val_fraction: float = 0.1,
+        needle_fraction: float = 0.0,
+        needle_counts: tuple[int, ...] = (1, 2, 4),
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1")
+        self.tokenizer = get_tokenizer(tokenizer)
+        self.vocab_size = self.tokenizer.vocab_size  # linked to the model by the recipe
+        self.token_path: Optional[Path] = None
+        self.train_set: Optional[TokenWindows] = None
+        self.val_set: Optional[TokenWindows] = None
+
+    def prepare_data(self) -> None:
+        tokenize_corpus(self.hparams.corpus, self.hparams.tokenizer, self.hparams.cache_dir)
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_set is not None:
+            return
+        hp = self.hparams
+        self.token_path = tokenize_corpus(hp.corpus, hp.tokenizer, hp.cache_dir)  # reused when already written
+        n = len(load_tokens(self.token_path))
+        split = int(n * (1 - hp.val_fraction))
+        L = hp.seq_len
+        offsets = list(range(0, n - split - L, L))[: hp.val_windows]
+        if not offsets:
+            raise ValueError(f"the validation split ({n - split} tokens) cannot fill a window of {L + 1} tokens")
+        common = dict(seq_len=L, tokenizer=hp.tokenizer, needle_counts=hp.needle_counts)
+        self.train_set = TokenWindows(self.token_path, start=0, end=split, **common)
+        self.val_set = TokenWindows(self.token_path, start=split, end=n, offsets=offsets, **common)
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        sampler = RandomWindowSampler(self.train_set, hp.train_windows, hp.seed, hp.needle_fraction)
+        return DataLoader(
+            self.train_set, batch_size=hp.batch_size, sampler=sampler, num_workers=hp.num_workers, drop_last=True,
+            persistent_workers=hp.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            self.val_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.val_set, hp.seed, shuffle=False),
+            num_workers=hp.num_workers,
+        )

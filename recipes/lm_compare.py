@@ -1,0 +1,169 @@
+"""Differential vs softmax causal LM at matched parameters on the embedded corpus, several seeds.
+
+    OMP_NUM_THREADS=1 python -m recipes.lm_compare --seeds 0 1 2 --parallel 2 [--plot docs/results/lm_curves.png]
+
+Each run is ``python -m recipes.lm`` with the default config (``configs/lm_pydoc.yaml``: ``lm_nano``,
+byte tokens, half of the training windows retrieval contexts), once with ``--model.attn diff`` and once
+with ``--model.attn softmax`` per seed (the seed sets the initialisation and the window order; the
+validation split is fixed). Each trained model is then evaluated on key-information retrieval
+(:func:`recipes.lm_retrieval.evaluate`) with contexts cut from the held-out split. Runs go to
+``outputs/lm_compare/<attn>_seed<k>/``; the tables (mean, sample standard deviation, per seed) are
+printed as markdown and everything is saved in ``outputs/lm_compare/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ATTNS = ("diff", "softmax")
+OUT = Path("outputs/lm_compare")
+
+
+def train_one(attn: str, seed: int, extra: list[str]) -> dict:
+    """Train one model in a fresh process; returns its summary and validation curve."""
+    name = f"{attn}_seed{seed}"
+    cmd = [
+        sys.executable, "-m", "recipes.lm", "--model.attn", attn, "--seed_everything", str(seed),
+        "--data.seed", str(seed), "--trainer.logger.init_args.save_dir", str(OUT),
+        "--trainer.logger.init_args.name", name, "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false", *extra,
+    ]
+    start = time.time()
+    with open(OUT / f"{name}.log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+    log_dir = sorted((OUT / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+    summary = json.loads((log_dir / "summary.json").read_text())
+    curves: dict[str, list[list[float]]] = {"val/loss": [], "train/loss_step": []}
+    with open(log_dir / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            for key in curves:
+                if row.get(key):
+                    curves[key].append([int(row["step"]), float(row[key])])
+    return {"attn": attn, "seed": seed, "seconds": time.time() - start, "summary": summary, "curves": curves}
+
+
+def _stats(values: list[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {std:.4f}"
+
+
+def loss_table(runs: list[dict]) -> str:
+    """Markdown table of final validation loss and perplexity per attention."""
+    lines = ["| attention | params | seeds | val loss (mean ± std) | val ppl (mean) | per seed |", "|---|---|---|---|---|---|"]
+    for attn in ATTNS:
+        rs = [r for r in runs if r["attn"] == attn]
+        if not rs:
+            continue
+        losses = [r["summary"]["metrics"]["val/loss"] for r in rs]
+        ppl = statistics.mean(r["summary"]["metrics"]["val/ppl"] for r in rs)
+        lines.append(
+            f"| {attn} | {rs[0]['summary']['parameters']:,} | {len(rs)} | {_stats(losses)} | {ppl:.3f} | "
+            f"{', '.join(f'{v:.4f}' for v in losses)} |"
+        )
+    return "\n".join(lines)
+
+
+def retrieval_table(runs: list[dict], key: str) -> str:
+    """Markdown table of retrieval accuracy (and attention scores) grouped by ``key`` (length / needles / depth)."""
+    groups = sorted({row[key] for r in runs for row in r.get("retrieval", [])})
+    head = "| attention | " + " | ".join(f"{key}={g}" for g in groups) + " | attn to answer | attn to noise |"
+    lines = [head, "|" + "---|" * (len(groups) + 3)]
+    for attn in ATTNS:
+        rs = [r for r in runs if r["attn"] == attn and r.get("retrieval")]
+        if not rs:
+            continue
+        cells = []
+        for g in groups:
+            per_seed = []
+            for r in rs:
+                rows = [row for row in r["retrieval"] if row[key] == g]
+                per_seed.append(100 * sum(row["correct"] for row in rows) / sum(row["n"] for row in rows))
+            std = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
+            cells.append(f"{statistics.mean(per_seed):.1f} ± {std:.1f}")
+        ans = [statistics.mean(row["score_answer"] for row in r["retrieval"]) for r in rs]
+        noise = [statistics.mean(row["score_noise"] for row in r["retrieval"]) for r in rs]
+        lines.append(f"| {attn} | " + " | ".join(cells) + f" | {_stats(ans)} | {_stats(noise)} |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Validation loss per step (mean and min-max band) and retrieval accuracy by needle count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), dpi=90)
+    for i, (attn, color) in enumerate(zip(ATTNS, ("tab:red", "tab:blue"))):
+        rs = [r for r in runs if r["attn"] == attn]
+        if not rs:
+            continue
+        n = min(len(r["curves"]["val/loss"]) for r in rs)
+        steps = [s for s, _ in rs[0]["curves"]["val/loss"][:n]]
+        arr = np.array([[v for _, v in r["curves"]["val/loss"][:n]] for r in rs])
+        axes[0].plot(steps, arr.mean(0), "o-", color=color, label=f"{attn} (n={len(rs)})")
+        axes[0].fill_between(steps, arr.min(0), arr.max(0), color=color, alpha=0.2)
+        counts = sorted({row["needles"] for r in rs for row in r.get("retrieval", [])})
+        if counts:
+            acc = np.array([[100 * sum(x["correct"] for x in r["retrieval"] if x["needles"] == c)
+                             / sum(x["n"] for x in r["retrieval"] if x["needles"] == c) for c in counts] for r in rs])
+            xs = np.arange(len(counts)) + (i - 0.5) * 0.35
+            axes[1].bar(xs, acc.mean(0), 0.35, color=color, alpha=0.7, label=attn)
+            axes[1].errorbar(xs, acc.mean(0), yerr=[acc.mean(0) - acc.min(0), acc.max(0) - acc.mean(0)],
+                             fmt="none", color="k", capsize=3)
+            axes[1].set_xticks(np.arange(len(counts)), [str(c) for c in counts])
+    axes[0].set(xlabel="optimizer step", ylabel="loss (nats/byte)", title="validation loss, pydoc topics")
+    axes[1].set(xlabel="needles in context", ylabel="retrieval accuracy (%)", title="key retrieval (all lengths)")
+    axes[0].legend()
+    axes[1].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--parallel", type=int, default=1, help="training processes at once (one thread each)")
+    p.add_argument("--plot", type=Path, default=None, help="write the curves here (PNG)")
+    p.add_argument("--skip-train", action="store_true", help="reuse the runs in results.json, redo the retrieval eval")
+    p.add_argument("--from-results", action="store_true", help="only re-make the tables/plot from results.json")
+    p.add_argument("--retrieval-samples", type=int, default=8, help="contexts per (length, needles, depth) cell")
+    args, extra = p.parse_known_args(argv)
+    results = OUT / "results.json"
+    OUT.mkdir(parents=True, exist_ok=True)
+    if args.from_results or args.skip_train:
+        runs = json.loads(results.read_text())
+    else:
+        jobs = [(attn, seed) for seed in args.seeds for attn in ATTNS]
+        with ThreadPoolExecutor(args.parallel) as pool:
+            runs = list(pool.map(lambda job: train_one(*job, extra), jobs))
+        results.write_text(json.dumps(runs, indent=1))
+    if not args.from_results:
+        from recipes.lm_retrieval import evaluate_weights
+
+        for r in runs:
+            start = time.time()
+            r["retrieval"] = evaluate_weights(r["summary"]["safetensors"], samples=args.retrieval_samples)
+            r["retrieval_seconds"] = time.time() - start
+            results.write_text(json.dumps(runs, indent=1))
+    print(loss_table(runs))
+    for key in ("length", "needles", "depth"):
+        print(f"\nretrieval accuracy % by {key}\n" + retrieval_table(runs, key))
+    print(f"\ntraining wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
+    if args.plot:
+        plot(runs, args.plot)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
