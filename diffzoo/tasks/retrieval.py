@@ -1,0 +1,130 @@
+"""Key-information retrieval evaluation and the paper's attention-noise scores (SPEC section 5).
+
+For query tokens ``G``, answer tokens ``A`` and noise tokens ``Nz`` (paper, Table 3)::
+
+    score_ans   = mean_{i in G} sum_{j in A}  a_ij / sum_j a_ij
+    score_noise = mean_{i in G} sum_{j in Nz} a_ij / sum_j a_ij
+
+with ``a = a1 - lam * a2`` for differential maps (row sum ``1 - lam``) and the softmax map otherwise,
+averaged over heads and layers. Here ``G`` are the positions that predict the answer tokens, ``A`` the
+queried needle's value in the context and ``Nz`` the distractor text.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..data.needles import NeedleSample, Tokenizer, make_needle_sample
+
+__all__ = ["attention_scores", "effective_map", "evaluate_retrieval"]
+
+
+def effective_map(maps: dict[str, Tensor]) -> Tensor:
+    """The attention a layer applies to its values: ``attn`` (softmax) or ``attn1 - lambda * attn2``.
+
+    ``lambda`` is a scalar (V1) or ``(B, H, N)`` per token and head (V2). Returns ``(B, H, Nq, Nk)``.
+    """
+    if "attn" in maps:
+        return maps["attn"]
+    lam = maps["lambda"].float()
+    if lam.dim() > 0:
+        lam = lam[..., None]  # (B, H, N, 1)
+    return maps["attn1"] - lam * maps["attn2"]
+
+
+def attention_scores(
+    maps: Sequence[dict[str, Tensor]], query: Tensor, answer: Tensor, noise: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Attention to answer and to noise per sample, averaged over query tokens, heads and layers.
+
+    Args:
+        maps: one dict per layer as returned with ``return_attn=True``.
+        query: bool ``(B, Nq)``, the query tokens ``G``.
+        answer: bool ``(B, Nk)``, the answer tokens ``A``.
+        noise: bool ``(B, Nk)``, the noise tokens ``Nz``.
+
+    Returns:
+        ``(score_answer, score_noise)``, each fp32 ``(B,)``.
+    """
+    if not maps:
+        raise ValueError("no attention maps given")
+    q = query.float()
+    if bool((q.sum(-1) == 0).any()):
+        raise ValueError("every sample needs at least one query token")
+    per_layer_ans, per_layer_noise = [], []
+    for m in maps:
+        a = effective_map(m).float()  # (B, H, Nq, Nk)
+        row = a.sum(-1)  # (B, H, Nq): 1 for softmax, 1 - lambda for differential maps
+        ans = (a * answer[:, None, None, :].float()).sum(-1) / row
+        nz = (a * noise[:, None, None, :].float()).sum(-1) / row
+        weight = q[:, None, :] / q.sum(-1)[:, None, None]  # mean over the query tokens
+        per_layer_ans.append((ans * weight).sum(-1).mean(-1))  # (B,): query mean, then head mean
+        per_layer_noise.append((nz * weight).sum(-1).mean(-1))
+    return torch.stack(per_layer_ans).mean(0), torch.stack(per_layer_noise).mean(0)
+
+
+def _masks(samples: list[NeedleSample]) -> tuple[Tensor, Tensor, Tensor]:
+    B, N = len(samples), len(samples[0].tokens)
+    query = torch.zeros(B, N, dtype=torch.bool)
+    answer = torch.zeros(B, N, dtype=torch.bool)
+    noise = torch.stack([s.noise_mask() for s in samples])
+    for i, s in enumerate(samples):
+        query[i, s.answer[0] - 1 : s.answer[1] - 1] = True  # positions whose next token is an answer token
+        answer[i, s.value[0] : s.value[1]] = True
+    return query, answer, noise
+
+
+@torch.no_grad()
+def evaluate_retrieval(
+    model: torch.nn.Module,
+    distractor: np.ndarray,
+    tokenizer: Tokenizer,
+    lengths: Sequence[int] = (128, 192, 256),
+    needle_counts: Sequence[int] = (1, 2, 4, 6),
+    depths: Sequence[float] = (0.0, 0.25, 0.5, 0.75, 1.0),
+    samples: int = 8,
+    seed: int = 0,
+    batch_size: int = 16,
+) -> list[dict]:
+    """Exact-match retrieval accuracy and attention scores for every (length, needles, depth) cell.
+
+    The contexts depend only on ``seed`` and the cell, so different models see the same contexts.
+    An answer counts as retrieved when the argmax at every answer position is the right token (the
+    same as greedy decoding of the answer). Cells whose needles do not fit the length are skipped.
+
+    Returns:
+        one dict per cell: ``length, needles, depth, n, correct, accuracy, score_answer, score_noise``.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    rows = []
+    for length in lengths:
+        for count in needle_counts:
+            for depth in depths:
+                rng = np.random.default_rng([seed, length, count, int(round(depth * 1000))])
+                try:
+                    cell = [make_needle_sample(distractor, tokenizer, length, count, depth, rng) for _ in range(samples)]
+                except ValueError:
+                    continue  # the needles alone exceed this length
+                correct, ans_scores, noise_scores = 0, [], []
+                for b in range(0, len(cell), batch_size):
+                    batch = cell[b : b + batch_size]
+                    tokens = torch.stack([s.tokens for s in batch]).to(device)
+                    logits, maps = model(tokens, return_attn=True)
+                    a0, a1 = batch[0].answer
+                    hit = (logits[:, a0 - 1 : a1 - 1].argmax(-1) == tokens[:, a0:a1]).all(-1)
+                    correct += int(hit.sum())
+                    query, answer, noise = (m.to(device) for m in _masks(batch))
+                    s_ans, s_noise = attention_scores(maps, query, answer, noise)
+                    ans_scores += s_ans.tolist()
+                    noise_scores += s_noise.tolist()
+                rows.append(dict(
+                    length=length, needles=count, depth=depth, n=len(cell), correct=correct,
+                    accuracy=correct / len(cell), score_answer=float(np.mean(ans_scores)),
+                    score_noise=float(np.mean(noise_scores)),
+                ))
+    return rows
