@@ -12,6 +12,10 @@ disjoint sets of variants, so a model is scored on voices it never heard. Clean 
 16 kHz, the word at a random position) are synthesised once and cached under ``data/cache/``;
 noise is mixed in when a clip is read (:func:`mix_noise`), freshly drawn in training and fixed per
 clip for evaluation.
+
+espeak-ng's waveform generator keeps state (such as the glottal phase) from one utterance to the next,
+so synthesising the same clip twice gives the same word, length and position but not bit-identical
+samples: the cache, written once, is what makes runs compare on the same clips.
 """
 
 from __future__ import annotations
