@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .modules import _rank_world, epoch_sampler
-from .needles import needle_sample_from_seed
+from .needles import make_needle_sample, needle_sample_from_seed
 
 PathLike = Union[str, os.PathLike]
 
@@ -327,6 +327,12 @@ class TextDataModule(pl.LightningDataModule):
         common = dict(seq_len=L, tokenizer=hp.tokenizer, needle_counts=hp.needle_counts)
         self.train_set = TokenWindows(self.token_path, start=0, end=split, **common)
         self.val_set = TokenWindows(self.token_path, start=split, end=n, offsets=offsets, **common)
+        if hp.needle_fraction > 0:  # fail now, not in the middle of an epoch
+            most = max(hp.needle_counts)
+            try:
+                make_needle_sample(self.train_set.tokens, self.tokenizer, L + 1, most, 0.5, np.random.default_rng(0))
+            except ValueError as e:
+                raise ValueError(f"seq_len={L} is too short for needle_counts up to {most}: {e}") from None
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams

@@ -59,9 +59,10 @@ def attention_scores(
     for m in maps:
         a = effective_map(m).float()  # (B, H, Nq, Nk)
         row = a.sum(-1)  # (B, H, Nq): 1 for softmax, 1 - lambda for differential maps
+        weight = q[:, None, :] / q.sum(-1)[:, None, None]  # mean over the query tokens
+        row = torch.where(weight > 0, row, 1.0)  # rows outside G may be empty: never divide by them
         ans = (a * answer[:, None, None, :].float()).sum(-1) / row
         nz = (a * noise[:, None, None, :].float()).sum(-1) / row
-        weight = q[:, None, :] / q.sum(-1)[:, None, None]  # mean over the query tokens
         per_layer_ans.append((ans * weight).sum(-1).mean(-1))  # (B,): query mean, then head mean
         per_layer_noise.append((nz * weight).sum(-1).mean(-1))
     return torch.stack(per_layer_ans).mean(0), torch.stack(per_layer_noise).mean(0)
