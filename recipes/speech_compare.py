@@ -136,10 +136,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time")
     p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
     p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
+    p.add_argument("--collect", action="store_true",
+                   help="train nothing: gather the finished runs of --seeds from their folders (runs made in parts)")
     args, extra = p.parse_known_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     if args.from_results:
         runs = json.loads((OUT / "results.json").read_text())
+    elif args.collect:
+        import timm
+
+        import diffzoo.models.speech  # noqa: F401
+        from diffzoo.layers import count_parameters
+
+        # wall times of earlier invocations (results.json, or copies of it named results_*.json)
+        previous = {(r["model"], r["seed"]): r for f in sorted(OUT.glob("results*.json"))
+                    for r in json.loads(f.read_text())}
+        runs = []
+        for seed in args.seeds:
+            for model in MODELS:
+                r = collect(model, seed)
+                r["seconds"] = previous.get((model, seed), {}).get("seconds", float("nan"))
+                r["params"] = count_parameters(timm.create_model(model))
+                runs.append(r)
+        (OUT / "results.json").write_text(json.dumps(runs, indent=1))
     else:
         import timm
 
