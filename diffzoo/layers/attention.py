@@ -138,9 +138,11 @@ class AttentionBase(nn.Module):
         kv_in = x if context is None else context
         Nk = kv_in.shape[1]
         causal = self.causal if causal is None else causal
-        q = self.q_proj(x).view(B, N, self.q_heads, self.head_dim).transpose(1, 2)  # (B, q_heads, N, d)
-        k = self.k_proj(kv_in).view(B, Nk, self.k_heads, self.head_dim).transpose(1, 2)  # (B, k_heads, Nk, d)
-        v = self.v_proj(kv_in).view(B, Nk, self.v_heads, self.v_dim).transpose(1, 2)  # (B, v_heads, Nk, dv)
+        # Head-major copies made here, so the projection outputs are freed at once; kernels that need
+        # contiguous heads (blockwise, triton) then copy nothing and hold no second set of q, k, v.
+        q = self.q_proj(x).view(B, N, self.q_heads, self.head_dim).transpose(1, 2).contiguous()  # (B, q_heads, N, d)
+        k = self.k_proj(kv_in).view(B, Nk, self.k_heads, self.head_dim).transpose(1, 2).contiguous()  # (B, k_heads, Nk, d)
+        v = self.v_proj(kv_in).view(B, Nk, self.v_heads, self.v_dim).transpose(1, 2).contiguous()  # (B, v_heads, Nk, dv)
         if self.rope is not None and context is None:
             if positions is None:
                 start = 0 if kv_cache is None else kv_cache.seq_len

@@ -111,7 +111,7 @@ class DiffAttention(AttentionBase):
     def _attend(self, x, q, k, v, masks, return_attn, backend):
         lam = self.lambda_full()
         out = diff_attention(q, k, v, lam, dropout_p=self._dropout_p(), backend=backend, **masks)  # (B, H, N, 2d)
-        out = self.sub_norm(out) * (1.0 - self.lambda_init)
+        out = self.sub_norm(out).mul_(1.0 - self.lambda_init)  # in place: one (B, H, N, 2d) buffer less
         maps = None
         if return_attn:
             a1, a2 = diff_attention_maps(q, k, lam, **masks)
