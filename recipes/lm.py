@@ -1,12 +1,13 @@
 """Train a differential (or softmax) causal language model: ``python -m recipes.lm``.
 
-With no arguments, trains ``lm_nano`` (differential attention, byte tokens) on the embedded corpus (the
+With no arguments, trains ``lm_tiny`` (differential attention, byte tokens) on the embedded corpus (the
 help topics of Python's ``pydoc_data``, ~750 KB of English) in a few minutes on 2 CPU cores, prints the
 validation loss and perplexity, and saves checkpoints and ``model.safetensors`` under
 ``outputs/lm/version_N/``.
 
     python -m recipes.lm                                             # configs/lm_pydoc.yaml
     python -m recipes.lm --model.attn softmax --seed_everything 1    # the matched softmax baseline
+    python -m recipes.lm --model.model lm_nano                       # a larger preset
     python -m recipes.lm --data.corpus my_texts/ --data.tokenizer tokenizer.json
     python -m recipes.lm --trainer.accumulate_grad_batches 4         # gradient accumulation
     python -m recipes.lm --ckpt_path outputs/lm/version_0/checkpoints/last.ckpt   # resume

@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python -m recipes.lm_compare --seeds 0 1 2 --parallel 2 [--plot docs/results/lm_curves.png]
 
-Each run is ``python -m recipes.lm`` with the default config (``configs/lm_pydoc.yaml``: ``lm_nano``,
+Each run is ``python -m recipes.lm`` with the default config (``configs/lm_pydoc.yaml``: ``lm_tiny``,
 byte tokens, half of the training windows retrieval contexts), once with ``--model.attn diff`` and once
 with ``--model.attn softmax`` per seed (the seed sets the initialisation and the window order; the
 validation split is fixed). Each trained model is then evaluated on key-information retrieval

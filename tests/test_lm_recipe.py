@@ -109,4 +109,4 @@ def test_print_config_shows_the_default(capsys) -> None:
         cli_main(["--print_config"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "lm_nano" in out and "needle_fraction: 0.5" in out and (CONFIG_DIR / "lm_pydoc.yaml").is_file()
+    assert "lm_tiny" in out and "needle_fraction: 0.5" in out and (CONFIG_DIR / "lm_pydoc.yaml").is_file()
