@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from recipes.lm import CONFIG_DIR, cli_main
+
+from test_vit_recipe import _losses  # tests/ is on sys.path (rootdir import mode)
 
 
 def _write_config(tmp_path: Path, extra: str = "") -> Path:
@@ -44,11 +44,6 @@ trainer:
 {extra}
 """)
     return path
-
-
-def _losses(log_dir: str) -> list[float]:
-    with open(os.path.join(log_dir, "metrics.csv")) as f:
-        return [float(r["train/loss_step"]) for r in csv.DictReader(f) if r.get("train/loss_step")]
 
 
 def test_two_steps_reduce_the_loss(tmp_path: Path, monkeypatch) -> None:
