@@ -1,4 +1,7 @@
-"""diffzoo.data: image data sets and Lightning DataModules (the embedded digits, folders, webdataset shards).
+"""diffzoo.data: data sets and Lightning DataModules.
+
+Images (embedded digits, folders, webdataset shards), speech (synthesised keywords, Speech Commands v2)
+and text (memory-mapped token files, needle-retrieval contexts).
 
 Importing this package imports Lightning; :mod:`diffzoo` itself does not.
 """
@@ -7,17 +10,49 @@ from .embedded import load_mnist_5k, mnist_5k_path
 from .folder import RobustImageFolder, find_classes, scan_images
 from .modules import DigitsDataModule, ImageFolderDataModule, ShardDataModule, epoch_sampler
 from .shards import ShardImageDataset, expand_urls
+from .needles import NeedleSample, make_needle_sample
+from .text import ByteTokenizer, TextDataModule, TokenWindows, load_tokens, pydoc_topics_text, tokenize_corpus
+from .speech import (
+    AudioError,
+    SoundfileSpeechCommands,
+    SpeechCommandsDataModule,
+    SpeechCommandsKeywords,
+    SynthKeywordDataset,
+    SynthKeywordsDataModule,
+    collate_audio,
+    load_audio,
+)
+from .synth import Espeak, SynthConfig, load_or_synthesize
 
 __all__ = [
+    "AudioError",
+    "ByteTokenizer",
     "DigitsDataModule",
+    "Espeak",
     "ImageFolderDataModule",
+    "NeedleSample",
     "RobustImageFolder",
     "ShardDataModule",
     "ShardImageDataset",
+    "SoundfileSpeechCommands",
+    "SpeechCommandsDataModule",
+    "SpeechCommandsKeywords",
+    "SynthConfig",
+    "SynthKeywordDataset",
+    "SynthKeywordsDataModule",
+    "TextDataModule",
+    "TokenWindows",
+    "collate_audio",
     "epoch_sampler",
     "expand_urls",
     "find_classes",
+    "load_audio",
     "load_mnist_5k",
+    "load_or_synthesize",
+    "load_tokens",
+    "make_needle_sample",
     "mnist_5k_path",
+    "pydoc_topics_text",
     "scan_images",
+    "tokenize_corpus",
 ]

@@ -1,8 +1,43 @@
 """diffzoo.models: model families composed from :mod:`diffzoo.layers`, registered with timm.
 
-Importing this package registers the ``diffvit_*`` / ``softvit_*`` models in timm's registry.
+Importing this package registers the ViT (``diffvit_*`` / ``softvit_*``) and speech (``diffkwt_*``,
+``diffast_*`` and their ``soft*`` baselines) models in timm's registry; the causal LM lives in
+:mod:`diffzoo.models.lm`.
 """
 
 from .vit import VIT_CONFIGS, VisionTransformer, checkpoint_filter_fn, matched_name, model_names
+from .hf_difflama import from_hf_difflama, to_hf_difflama  # transformers is imported only when called
+from .lm import LM_PRESETS, CausalLM, LMConfig, generate, left_pad, matched_lm_pair, sample_next
+from .speech import (
+    SPEECH_CONFIGS,
+    LogMelFrontend,
+    SpeechEncoderConfig,
+    SpeechFeatures,
+    SpeechTransformer,
+    matched_speech_name,
+    speech_model_names,
+)
 
-__all__ = ["VIT_CONFIGS", "VisionTransformer", "checkpoint_filter_fn", "matched_name", "model_names"]
+__all__ = [
+    "CausalLM",
+    "LMConfig",
+    "LM_PRESETS",
+    "LogMelFrontend",
+    "SPEECH_CONFIGS",
+    "SpeechEncoderConfig",
+    "SpeechFeatures",
+    "SpeechTransformer",
+    "VIT_CONFIGS",
+    "VisionTransformer",
+    "checkpoint_filter_fn",
+    "from_hf_difflama",
+    "generate",
+    "left_pad",
+    "matched_lm_pair",
+    "matched_name",
+    "matched_speech_name",
+    "model_names",
+    "sample_next",
+    "speech_model_names",
+    "to_hf_difflama",
+]
