@@ -21,8 +21,7 @@ from torch import Tensor
 from ._masks import causal_allowed, check_attention_inputs, prepare_mask
 
 # Target number of fp32 score elements per block and branch (B * H * rows * Nk): 32 MiB per map.
-# Larger blocks keep the batched matmuls efficient; on a 2-core EPYC, N = 4096 forward+backward took
-# 1.94x / 1.51x / 1.18x the time of standard SDPA attention at 2^20 / 2^22 / 2^23 elements.
+# Larger blocks keep the batched matmuls efficient; blocks of a few rows were much slower on CPU.
 _BLOCK_ELEMENTS = 1 << 23
 # Tests set this to fill outputs with NaN before they are written, so an unwritten element shows.
 _POISON = False
