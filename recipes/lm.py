@@ -19,7 +19,6 @@ Retrieval evaluation of a trained model: ``python -m recipes.lm_retrieval --weig
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +27,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.data.text import TextDataModule
 from diffzoo.tasks.lm import LanguageModelTask, LMRunSummary
-from recipes.vit_imagenet import SUBCOMMANDS
+from recipes._cli import launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "lm_pydoc.yaml"
@@ -53,26 +52,7 @@ class LMCLI(LightningCLI):
 
 def cli_main(args: Optional[list[str]] = None, run: bool = True) -> LMCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``)."""
-    args = list(sys.argv[1:] if args is None else args)
-    if not args or (args[0] not in SUBCOMMANDS and args[0] not in ("-h", "--help")):
-        args.insert(0, "fit")
-    if args[0] == "fit" and not any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
-        args[1:1] = ["--config", str(DEFAULT_CONFIG)]
-    return LMCLI(
-        LanguageModelTask,
-        TextDataModule,
-        args=args if run else args[1:],
-        run=run,
-        seed_everything_default=0,
-        trainer_defaults={
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": "outputs", "name": "lm"},
-            },
-        },
-        save_config_kwargs={"overwrite": True},
-    )
-
+    return launch(LMCLI, LanguageModelTask, TextDataModule, name="lm", default_config=DEFAULT_CONFIG, args=args, run=run)
 
 if __name__ == "__main__":
     cli_main()

@@ -19,7 +19,6 @@ Without a subcommand ``fit`` is run; without ``--config`` the synthesised-keywor
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -29,10 +28,10 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks.callbacks import RunSummary
 from diffzoo.tasks.speech import SpeechClassificationTask
+from recipes._cli import launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "speech_synth.yaml"
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 class SpeechCLI(LightningCLI):
@@ -65,35 +64,12 @@ class SpeechCLI(LightningCLI):
             print(f"test/top1: {100 * results[0].get('test/top1', float('nan')):.2f} %", flush=True)
 
 
-def _with_defaults(args: list[str]) -> list[str]:
-    """``fit`` when no subcommand is given; the default config for ``fit`` without ``--config``."""
-    args = list(args)
-    if args[:1] not in ([s] for s in SUBCOMMANDS) and args[:1] not in (["-h"], ["--help"]):
-        args.insert(0, "fit")
-    if args[:1] == ["fit"] and not any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
-        args[1:1] = ["--config", str(DEFAULT_CONFIG)]
-    return args
-
-
 def cli_main(args: Optional[list[str]] = None, run: bool = True) -> SpeechCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``)."""
-    args = _with_defaults(sys.argv[1:] if args is None else args)
-    return SpeechCLI(
-        SpeechClassificationTask,
-        pl.LightningDataModule,
-        subclass_mode_data=True,
-        args=args if run else args[1:],
-        run=run,
-        seed_everything_default=0,
-        trainer_defaults={
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": "outputs", "name": "speech_commands"},
-            },
-        },
-        save_config_kwargs={"overwrite": True},
+    return launch(
+        SpeechCLI, SpeechClassificationTask, pl.LightningDataModule, subclass_mode_data=True,
+        name="speech_commands", default_config=DEFAULT_CONFIG, args=args, run=run,
     )
-
 
 if __name__ == "__main__":
     cli_main()

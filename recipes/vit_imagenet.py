@@ -19,7 +19,6 @@ Reload exported weights with ``diffzoo.tasks.load_exported(path)`` or
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -29,10 +28,10 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks import ImageClassificationTask
 from diffzoo.tasks.callbacks import RunSummary
+from recipes._cli import launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "vit_digits.yaml"
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
 class VitCLI(LightningCLI):
@@ -53,37 +52,12 @@ class VitCLI(LightningCLI):
         parser.add_lightning_class_args(RunSummary, "summary")
 
 
-def _with_defaults(args: list[str]) -> list[str]:
-    """Insert ``fit`` when no subcommand is given and the default config when no ``--config`` is."""
-    args = list(args)
-    if not args or args[0] not in SUBCOMMANDS:
-        if not any(a in ("-h", "--help") for a in args[:1]):
-            args = ["fit", *args]
-    has_config = any(a in ("-c", "--config") or a.startswith("--config=") for a in args)
-    if args and args[0] == "fit" and not has_config:
-        args = [args[0], "--config", str(DEFAULT_CONFIG), *args[1:]]
-    return args
-
-
 def cli_main(args: Optional[list[str]] = None, run: bool = True) -> VitCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``)."""
-    args = _with_defaults(sys.argv[1:] if args is None else args)
-    return VitCLI(
-        ImageClassificationTask,
-        pl.LightningDataModule,
-        subclass_mode_data=True,
-        args=args if run else args[1:],
-        run=run,
-        seed_everything_default=0,
-        trainer_defaults={
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": "outputs", "name": "vit_imagenet"},
-            },
-        },
-        save_config_kwargs={"overwrite": True},
+    return launch(
+        VitCLI, ImageClassificationTask, pl.LightningDataModule, subclass_mode_data=True,
+        name="vit_imagenet", default_config=DEFAULT_CONFIG, args=args, run=run,
     )
-
 
 if __name__ == "__main__":
     cli_main()

@@ -1,0 +1,57 @@
+"""What every recipe's entry point shares: default subcommand and config, CSV logs under ``outputs/``."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+from lightning.pytorch.cli import LightningCLI
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def with_defaults(args: list[str], default_config: Path) -> list[str]:
+    """Insert ``fit`` when no subcommand is given, and ``default_config`` for ``fit`` without ``--config``."""
+    args = list(args)
+    if args[:1] not in ([s] for s in SUBCOMMANDS) and args[:1] not in (["-h"], ["--help"]):
+        args.insert(0, "fit")
+    if args[:1] == ["fit"] and not any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
+        args[1:1] = ["--config", str(default_config)]
+    return args
+
+
+def launch(
+    cli_class: type[LightningCLI],
+    model_class: type,
+    datamodule_class: type,
+    *,
+    name: str,
+    default_config: Path,
+    args: Optional[list[str]] = None,
+    run: bool = True,
+    **cli_kwargs: Any,
+) -> LightningCLI:
+    """Build (and with ``run=True`` execute) a recipe's CLI; ``args`` as on the command line.
+
+    With ``run=False`` the subcommand is dropped, so the CLI only instantiates model, data and trainer.
+    """
+    args = with_defaults(sys.argv[1:] if args is None else args, default_config)
+    # the command line is passed on as ``args`` (with the defaults added), which Lightning warns about
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    return cli_class(
+        model_class,
+        datamodule_class,
+        args=args if run else args[1:],
+        run=run,
+        seed_everything_default=0,
+        trainer_defaults={
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": "outputs", "name": name},
+            },
+        },
+        save_config_kwargs={"overwrite": True},
+        **cli_kwargs,
+    )
