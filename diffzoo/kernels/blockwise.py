@@ -35,20 +35,36 @@ def _alloc(like: Tensor, *shape: int, dtype: Optional[torch.dtype] = None) -> Te
     return like.new_empty(shape, dtype=dtype or like.dtype)
 
 
-def _block_rows(B: int, H: int, Nq: int, Nk: int) -> int:
+def _block_rows(B: int, H: int, Nq: int, Nk: int, causal: bool = False) -> int:
     rows = max(1, _BLOCK_ELEMENTS // max(1, B * H * Nk))
+    if causal and Nq >= 128:  # at least 4 blocks, so the keys past each block's last row can be skipped
+        rows = min(rows, max(64, Nq // 4))
     if rows >= Nq:
         return Nq
     return max(16, 1 << int(math.log2(rows))) if rows >= 16 else rows
 
 
-def _block_bias(bias: Optional[Tensor], causal: bool, r0: int, r1: int, Nq: int, Nk: int, device) -> Optional[Tensor]:
-    """Additive bias for query rows ``r0:r1`` as ``(B|1, H|1, rows, Nk)`` fp32, or None."""
+def _key_end(causal: bool, r1: int, Nq: int, Nk: int) -> int:
+    """Keys ``0:end`` that rows ``< r1`` may see: under the (bottom-right) causal mask the rest is masked."""
+    return max(1, min(Nk, r1 + Nk - Nq)) if causal else Nk
+
+
+def _buffer(buf: Optional[Tensor], *shape: int) -> Optional[Tensor]:
+    """A contiguous ``shape`` view on the start of ``buf`` when it fits, else None (a new tensor is made)."""
+    if buf is None or math.prod(shape) > buf.numel():
+        return None
+    return buf.view(-1)[: math.prod(shape)].view(shape)
+
+
+def _block_bias(
+    bias: Optional[Tensor], causal: bool, r0: int, r1: int, Nq: int, Nk: int, device, kend: int
+) -> Optional[Tensor]:
+    """Additive bias for query rows ``r0:r1`` and keys ``0:kend`` as ``(B|1, H|1, rows, kend)`` fp32, or None."""
     out = None
     if bias is not None:
-        out = bias[:, :, r0:r1] if bias.shape[2] != 1 else bias
+        out = (bias[:, :, r0:r1] if bias.shape[2] != 1 else bias)[..., :kend]
     if causal:
-        allowed = causal_allowed(Nq, Nk, device, row_offset=r0, rows=r1 - r0)
+        allowed = causal_allowed(Nq, Nk, device, row_offset=r0, rows=r1 - r0)[:, :kend]
         c = torch.zeros(allowed.shape, dtype=torch.float32, device=device).masked_fill_(~allowed, float("-inf"))
         out = c[None, None] if out is None else out + c
     return out
@@ -93,15 +109,17 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         k5 = k.view(B, Hkv, 2, Nk, d)
         lam_v = float(lam)
         out = _alloc(q, B, H, Nq, dv)
-        rows = _block_rows(B, H, Nq, Nk)
+        rows = _block_rows(B, H, Nq, Nk, causal)
         buf = q.new_empty(2, B, Hkv, G * rows, Nk) if q.dtype == torch.float32 else None
         for r0 in range(0, Nq, rows):
             r1 = min(Nq, r0 + rows)
-            n = r1 - r0
-            bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device)
-            s = _block_maps(_block_queries(q6, r0, r1, scale), k5, bias_b, G, out=buf if n == rows else None)
-            p = s[0].add_(s[1], alpha=-lam_v).to(v.dtype)  # P1 - lam P2 in place, (B, Hkv, G*n, Nk)
-            out[:, :, r0:r1] = torch.matmul(p, v).view(B, H, n, dv)
+            n, kend = r1 - r0, _key_end(causal, r1, Nq, Nk)
+            bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device, kend)
+            s = _block_maps(
+                _block_queries(q6, r0, r1, scale), k5[:, :, :, :kend], bias_b, G, out=_buffer(buf, 2, B, Hkv, G * n, kend)
+            )
+            p = s[0].add_(s[1], alpha=-lam_v).to(v.dtype)  # P1 - lam P2 in place, (B, Hkv, G*n, kend)
+            out[:, :, r0:r1] = torch.matmul(p, v[:, :, :kend]).view(B, H, n, dv)
         ctx.save_for_backward(q, k, v, lam, bias)
         ctx.causal, ctx.scale = causal, scale
         return out
@@ -123,23 +141,25 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         dk = torch.zeros(B, Hkv, 2, Nk, d, dtype=f32, device=q.device)
         dv_acc = torch.zeros(B, Hkv, Nk, dv, dtype=f32, device=q.device)
         dlam = torch.zeros((), dtype=f32, device=q.device)
-        rows = _block_rows(B, H, Nq, Nk)
+        rows = _block_rows(B, H, Nq, Nk, causal)
         buf = q.new_empty(2, B, Hkv, G * rows, Nk) if q.dtype == torch.float32 else None
         pbuf = buf[0].clone() if buf is not None else None
         for r0 in range(0, Nq, rows):
             r1 = min(Nq, r0 + rows)
-            n = r1 - r0
+            n, kend = r1 - r0, _key_end(causal, r1, Nq, Nk)
             qb = _block_queries(q6, r0, r1, scale)
-            # Recompute both maps exactly (whole rows), instead of storing them.
-            bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device)
-            s = _block_maps(qb, k5, bias_b, G, out=buf if n == rows else None)
+            kb, vb = k5[:, :, :, :kend], v[:, :, :kend]
+            # Recompute both maps exactly (whole rows up to the causal limit), instead of storing them.
+            bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device, kend)
+            s = _block_maps(qb, kb, bias_b, G, out=_buffer(buf, 2, B, Hkv, G * n, kend))
             do = dout[:, :, r0:r1].reshape(B, Hkv, G * n, dv)
-            if pbuf is not None and n == rows:
-                p = torch.sub(s[0], s[1], alpha=lam_v, out=pbuf)
+            p_out = _buffer(pbuf, B, Hkv, G * n, kend)
+            if p_out is not None:
+                p = torch.sub(s[0], s[1], alpha=lam_v, out=p_out)
             else:
                 p = torch.sub(s[0], s[1], alpha=lam_v).to(v.dtype)
-            dv_acc += torch.matmul(p.transpose(-1, -2), do).float()  # dV = (P1 - lam P2)^T dO, once
-            dp = torch.matmul(do, v.transpose(-1, -2)).float()  # (B, Hkv, G*n, Nk), shared by both branches
+            dv_acc[:, :, :kend] += torch.matmul(p.transpose(-1, -2), do).float()  # dV = (P1 - lam P2)^T dO, once
+            dp = torch.matmul(do, vb.transpose(-1, -2)).float()  # (B, Hkv, G*n, kend), shared by both branches
             dlam -= torch.dot(s[1].reshape(-1), dp.reshape(-1))
             # dS = P * (dP - rowsum(P * dP)) per branch, written over the maps; branch 2 carries -lam
             for i in (0, 1):
@@ -147,8 +167,8 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
             s[1].mul_(-lam_v)
             ds = s.to(q.dtype)
             for i in (0, 1):
-                dq6[:, :, :, i, r0:r1] = torch.matmul(ds[i], k5[:, :, i]).view(B, Hkv, G, n, d)
-                dk[:, :, i] += torch.matmul(ds[i].transpose(-1, -2), qb[i]).float()
+                dq6[:, :, :, i, r0:r1] = torch.matmul(ds[i], kb[:, :, i]).view(B, Hkv, G, n, d)
+                dk[:, :, i, :kend] += torch.matmul(ds[i].transpose(-1, -2), qb[i]).float()
         dq.mul_(scale)  # the gradient flowed to the scaled queries
         dk = dk.view(B, 2 * Hkv, Nk, d).to(k.dtype)
         return dq, dk, dv_acc.to(v.dtype), dlam.to(lam.dtype).reshape(lam.shape), None, None, None
