@@ -3,6 +3,7 @@
     python -m benchmarks.attention                 # the table of docs/performance.md
     python -m benchmarks.attention --n 256 1024    # fewer sizes
     python -m benchmarks.attention --level kernel  # attention core only (no projections)
+    python -m benchmarks.attention --causal        # with a causal mask (the decoder setting)
 
 Every configuration runs in a fresh subprocess so that its peak memory can be read on CPU
 (``ru_maxrss`` growth over the set-up state); on CUDA ``torch.cuda.max_memory_allocated`` is used.
@@ -26,17 +27,17 @@ WIDTH = 768
 STANDARD = "standard attention (12 heads x 64, sdpa)"
 
 
-def _candidates(level: str) -> list[tuple[str, str, Optional[str]]]:
+def _candidates(level: str, causal: bool = False) -> list[tuple[str, str, Optional[str]]]:
     """(label, implementation, backend) rows, standard first."""
     rows = [(STANDARD, "softmax", "sdpa")]
     for backend in ("reference", "sdpa", "blockwise", "triton", "auto"):
         rows.append((f"diffzoo DiffAttention [{backend}]", "diff", backend))
-    if level == "module":
+    if level == "module" and not causal:  # timm's DiffAttention has no causal mask
         rows.append(("timm DiffAttention (sdpa)", "timm", None))
     return rows
 
 
-def _build(impl: str, backend: Optional[str], level: str, n: int, device: str):
+def _build(impl: str, backend: Optional[str], level: str, n: int, device: str, causal: bool = False):
     import torch
 
     from diffzoo.kernels import attention, diff_attention, select_backend
@@ -48,9 +49,9 @@ def _build(impl: str, backend: Optional[str], level: str, n: int, device: str):
     if level == "module":
         x = torch.randn(1, n, WIDTH, device=device, requires_grad=True)
         if impl == "softmax":
-            mod = Attention(WIDTH, 12, qkv_bias=True, backend=backend)
+            mod = Attention(WIDTH, 12, qkv_bias=True, causal=causal, backend=backend)
         elif impl == "diff":
-            mod = DiffAttention(WIDTH, 6, qkv_bias=True, depth=3, backend=backend)
+            mod = DiffAttention(WIDTH, 6, qkv_bias=True, depth=3, causal=causal, backend=backend)
         else:
             from timm.layers import DiffAttention as TimmDiffAttention
 
@@ -74,12 +75,12 @@ def _build(impl: str, backend: Optional[str], level: str, n: int, device: str):
         if impl == "softmax":
 
             def fn():
-                return attention(q, k, v, backend=backend)
+                return attention(q, k, v, causal=causal, backend=backend)
 
         else:
 
             def fn():
-                return diff_attention(q, k, v, lam, backend=backend)
+                return diff_attention(q, k, v, lam, causal=causal, backend=backend)
 
     if impl == "diff" and backend == "auto":
         probe = torch.empty(1, 2, 1, 64, device=device)
@@ -88,12 +89,12 @@ def _build(impl: str, backend: Optional[str], level: str, n: int, device: str):
     return fn, inputs + params, picked
 
 
-def _measure(impl, backend, level, n, device, backward, budget_s, queue):
+def _measure(impl, backend, level, n, device, backward, budget_s, causal, queue):
     import torch
 
     torch.set_grad_enabled(True)
     try:
-        fn, leaves, picked = _build(impl, backend, level, n, device)
+        fn, leaves, picked = _build(impl, backend, level, n, device, causal)
 
         def step():
             if backward:
@@ -168,10 +169,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--level", choices=["module", "kernel"], default="module")
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timed repeats per cell")
+    parser.add_argument("--causal", action="store_true", help="causal mask (decoder setting); no timm row")
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args(argv)
 
-    print(f"# diffzoo attention benchmark: width {WIDTH}, batch 1, {args.level} level, fp32")
+    mask = "causal" if args.causal else "no mask"
+    print(f"# diffzoo attention benchmark: width {WIDTH}, batch 1, {args.level} level, fp32, {mask}")
     print(f"# machine: {machine_description(args.device)}")
     print("# times are medians; 'x std' is the ratio to the standard attention in the same run\n")
     results = []
@@ -184,10 +187,10 @@ def main(argv: Optional[list[str]] = None) -> None:
             if backward and n > args.backward_max_n:
                 continue
             std_time = None
-            for label, impl, backend in _candidates(args.level):
+            for label, impl, backend in _candidates(args.level, args.causal):
                 if backend == "reference" and n > args.reference_max_n:
                     continue
-                r = _run_one(impl, backend, args.level, n, args.device, backward, args.budget)
+                r = _run_one(impl, backend, args.level, n, args.device, backward, args.budget, args.causal)
                 results.append({"n": n, "backward": backward, "label": label, **r})
                 if not r["ok"]:
                     print(f"| {n} | {label} | n/a | | {r['error']} |")
