@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
@@ -20,6 +21,14 @@ def with_defaults(args: list[str], default_config: Path) -> list[str]:
     if args[:1] == ["fit"] and not any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
         args[1:1] = ["--config", str(default_config)]
     return args
+
+
+def add_checkpoint_args(parser: Any, **defaults: Any) -> None:
+    """Always-on ``--checkpoint.*`` (a ModelCheckpoint saving ``last.ckpt`` and step-named files); ``defaults``
+    override or add ``checkpoint.<name>`` defaults, e.g. ``save_top_k=1, monitor="val/loss"``."""
+    parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+    base = {"filename": "epoch{epoch:03d}-step{step:07d}", "auto_insert_metric_name": False, "save_last": True}
+    parser.set_defaults({f"checkpoint.{k}": v for k, v in {**base, **defaults}.items()})
 
 
 def launch(

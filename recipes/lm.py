@@ -22,12 +22,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.data.text import TextDataModule
 from diffzoo.tasks.lm import LanguageModelTask, LMRunSummary
-from recipes._cli import launch
+from recipes._cli import add_checkpoint_args, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "lm_pydoc.yaml"
@@ -38,15 +37,7 @@ class LMCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({
-            "checkpoint.filename": "epoch{epoch:03d}-step{step:07d}",
-            "checkpoint.auto_insert_metric_name": False,
-            "checkpoint.save_last": True,
-            "checkpoint.save_top_k": 1,
-            "checkpoint.monitor": "val/loss",
-            "checkpoint.every_n_epochs": 1,
-        })
+        add_checkpoint_args(parser, save_top_k=1, monitor="val/loss", every_n_epochs=1)
         parser.add_lightning_class_args(LMRunSummary, "summary")
 
 

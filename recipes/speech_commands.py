@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Optional
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks.callbacks import RunSummary
 from diffzoo.tasks.speech import SpeechClassificationTask
-from recipes._cli import launch
+from recipes._cli import add_checkpoint_args, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "speech_synth.yaml"
@@ -39,13 +38,7 @@ class SpeechCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({
-            "checkpoint.filename": "epoch{epoch:03d}-step{step:07d}",
-            "checkpoint.auto_insert_metric_name": False,
-            "checkpoint.save_last": True,
-            "checkpoint.save_top_k": 1,
-        })
+        add_checkpoint_args(parser, save_top_k=1)
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="score the test split with the final weights after fit (added to summary.json)")

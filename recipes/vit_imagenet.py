@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Optional
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks import ImageClassificationTask
 from diffzoo.tasks.callbacks import RunSummary
-from recipes._cli import launch
+from recipes._cli import add_checkpoint_args, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "vit_digits.yaml"
@@ -41,14 +40,8 @@ class VitCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_chans", "model.in_chans", apply_on="instantiate")
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({
-            "checkpoint.filename": "epoch{epoch:03d}-step{step:07d}",
-            "checkpoint.auto_insert_metric_name": False,
-            "checkpoint.save_last": True,
-            "checkpoint.save_top_k": -1,  # keep one checkpoint per epoch (configs for long runs lower this)
-            "checkpoint.every_n_epochs": 1,
-        })
+        # keep one checkpoint per epoch (configs for long runs lower save_top_k)
+        add_checkpoint_args(parser, save_top_k=-1, every_n_epochs=1)
         parser.add_lightning_class_args(RunSummary, "summary")
 
 
