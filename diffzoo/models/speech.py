@@ -36,6 +36,7 @@ from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..layers import Block
+from .vit import vit_init_
 
 __all__ = [
     "LogMelFrontend", "SpeechEncoderConfig", "SpeechFeatures", "SpeechTransformer", "SPEECH_CONFIGS",
@@ -239,13 +240,7 @@ class SpeechTransformer(nn.Module):
 
     def init_weights(self) -> None:
         """ViT init: truncated normal (std 0.02) for linears and positions; attention extras keep theirs."""
-        trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        vit_init_(self, self.pos_embed, self.cls_token)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -39,6 +39,20 @@ __all__ = ["VisionTransformer", "checkpoint_filter_fn", "VIT_CONFIGS"]
 GlobalPool = Literal["token", "avg", ""]
 
 
+def vit_init_(model: nn.Module, pos_embed: Optional[nn.Parameter], cls_token: Optional[nn.Parameter]) -> None:
+    """timm's ViT init in place: truncated normal (std 0.02) for every linear and the position
+    embedding, zero biases, a near-zero class token. Other parameters keep their own init."""
+    if pos_embed is not None:
+        trunc_normal_(pos_embed, std=0.02)
+    if cls_token is not None:
+        nn.init.normal_(cls_token, std=1e-6)
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
 class VisionTransformer(nn.Module):
     """A pre-norm ViT whose blocks use differential (``attn="diff"``) or softmax attention.
 
@@ -134,14 +148,7 @@ class VisionTransformer(nn.Module):
         Differential-attention parameters (lambda vectors, per-head norms) keep the initialisation of
         :mod:`diffzoo.layers`.
         """
-        trunc_normal_(self.pos_embed, std=0.02)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        vit_init_(self, self.pos_embed, self.cls_token)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
