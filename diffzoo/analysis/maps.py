@@ -1,0 +1,584 @@
+"""Attention maps of any diffzoo model, and the paper's attention-noise scores over them.
+
+Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258), Section 3.4 / Table 3; the
+definitions are those of SPEC.md section 5.
+
+:func:`record_attention` makes every :class:`~diffzoo.layers.AttentionBase` module of a model compute
+its attention maps during an ordinary ``model(...)`` call, without the model's ``forward`` knowing::
+
+    with record_attention(model, batch=slice(0, 4)) as rec:
+        logits = model(images)                      # unchanged output
+    rec[0].attn1, rec[0].attn2, rec[0].diff          # (4, H, N, N) fp32 maps of the first layer
+
+Scores over the recorded maps, for query tokens ``G`` and relevant ("answer") tokens ``A``:
+
+* answer share ``mean_{i in G} sum_{j in A} a_ij / sum_j a_ij`` with ``a = attn1 - lam * attn2`` for
+  differential layers (row sum ``1 - lam``) and the softmax map otherwise;
+* entropy ``-sum_j p_ij log p_ij`` (nats) of ``p_ij = |a_ij| / sum_j |a_ij|``: for a softmax map the
+  ordinary attention entropy, for a signed differential map the entropy of its normalised magnitude;
+* negative share ``sum_j max(-a_ij, 0) / sum_j |a_ij|``: the fraction of a row's absolute mass that
+  the differential map subtracts (0 for softmax maps).
+
+Each is computed per sample and head, averaged over the query rows of ``G`` that have attention mass
+(fully masked rows are skipped), then averaged over heads and layers. Modality helpers define ``G``
+and ``A``: image patches covering the object, speech tokens with energy, the needles of a text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from ..layers import Attention, AttentionBase, DiffAttention, DiffAttentionV2
+
+__all__ = [
+    "AttentionNoise",
+    "AttentionRecord",
+    "LayerAttention",
+    "LayerSelection",
+    "answer_share",
+    "attention_entropy",
+    "attention_layers",
+    "attention_noise",
+    "class_token_query",
+    "effective_map",
+    "image_relevant_tokens",
+    "needle_relevance",
+    "negative_share",
+    "record_attention",
+    "speech_relevance",
+    "speech_relevant_tokens",
+    "token_attention",
+    "vit_relevance",
+]
+
+# Which attention layers to analyse: None (all), indices into the model's attention layers in depth
+# order, module names (``"blocks.3.attn"``), or a predicate ``(name, module) -> bool``.
+LayerSelection = Union[None, Sequence[Union[int, str]], Callable[[str, nn.Module], bool]]
+MapsLike = Union["AttentionRecord", Sequence["LayerAttention"], Sequence[dict], dict]
+
+
+# -- finding and patching the attention layers --------------------------------------------------
+def attention_layers(model: nn.Module, layers: LayerSelection = None) -> list[tuple[int, str, AttentionBase]]:
+    """``(index, name, module)`` of the model's attention layers (``named_modules`` order = depth order).
+
+    ``index`` counts every attention layer of the model, also when ``layers`` selects only some.
+    """
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionBase)]
+    found = [(i, n, m) for i, (n, m) in enumerate(mods)]
+    if not found:
+        raise ValueError(f"{type(model).__name__} contains no diffzoo attention layer (diffzoo.layers.AttentionBase)")
+    if layers is None:
+        return found
+    if callable(layers):
+        return [t for t in found if layers(t[1], t[2])]
+    names = {t[1]: t for t in found}
+    out = []
+    for key in layers:
+        if isinstance(key, str):
+            if key not in names:
+                raise ValueError(f"no attention layer named {key!r}; the model has {list(names)}")
+            out.append(names[key])
+        else:
+            if not -len(found) <= int(key) < len(found):
+                raise ValueError(f"attention layer index {key} out of range: the model has {len(found)} layers")
+            out.append(found[int(key)])
+    return sorted(set(out), key=lambda t: t[0])
+
+
+@contextlib.contextmanager
+def _wrap_attend(
+    modules: Sequence[tuple[int, str, AttentionBase]], make: Callable[[int, str, AttentionBase, Callable], Callable]
+) -> Iterator[None]:
+    """Replace ``module._attend`` by ``make(index, name, module, inner)`` on each instance; always restored.
+
+    The wrapper is an instance attribute shadowing the class method, so nested recorders stack and
+    unwind in order, and nothing enters the ``state_dict``.
+    """
+    saved: list[tuple[AttentionBase, bool, Any]] = []
+    try:
+        for index, name, module in modules:
+            had = "_attend" in module.__dict__
+            saved.append((module, had, module.__dict__.get("_attend")))
+            module.__dict__["_attend"] = make(index, name, module, module._attend)
+        yield
+    finally:
+        for module, had, previous in reversed(saved):
+            if had:
+                module.__dict__["_attend"] = previous
+            else:
+                module.__dict__.pop("_attend", None)
+
+
+def _layer_kind(module: nn.Module, maps: dict) -> str:
+    if isinstance(module, DiffAttentionV2):
+        return "diff_v2"
+    if isinstance(module, DiffAttention):
+        return "diff"
+    if isinstance(module, Attention) or "attn" in maps:
+        return "softmax"
+    return "diff"
+
+
+def _slice_masks(masks: dict, batch: slice, B: int) -> dict:
+    out = dict(masks)
+    if masks.get("key_padding_mask") is not None:
+        out["key_padding_mask"] = masks["key_padding_mask"][batch]
+    am = masks.get("attn_mask")
+    if am is not None and am.dim() == 4 and am.shape[0] == B:
+        out["attn_mask"] = am[batch]
+    return out
+
+
+# -- recorded maps --------------------------------------------------------------------------------
+def effective_map(maps: dict[str, Tensor]) -> Tensor:
+    """The map a layer applies to its values: ``attn`` (softmax) or ``attn1 - lambda * attn2``.
+
+    ``lambda`` is a scalar (V1) or ``(B, H, Nq)`` per token and head (V2). Returns ``(B, H, Nq, Nk)``.
+    """
+    if "attn" in maps:
+        return maps["attn"]
+    lam = maps["lambda"].float()
+    if lam.dim() > 0:
+        lam = lam[..., None]  # (B, H, Nq, 1)
+    return maps["attn1"] - lam * maps["attn2"]
+
+
+@dataclass
+class LayerAttention:
+    """The maps of one call of one attention layer.
+
+    Attributes:
+        name: module name in the model (``"blocks.2.attn"``).
+        index: position among the model's attention layers (depth order).
+        kind: ``"softmax"``, ``"diff"`` (V1) or ``"diff_v2"``.
+        maps: the layer's own dict: ``{"attn"}`` or ``{"attn1", "attn2", "lambda"}``, fp32, detached.
+        call: 0 for the layer's first call inside the recorder, 1 for the next, ...
+    """
+
+    name: str
+    index: int
+    kind: str
+    maps: dict[str, Tensor]
+    call: int = 0
+
+    @property
+    def differential(self) -> bool:
+        return "attn" not in self.maps
+
+    @property
+    def attn(self) -> Tensor:
+        """Softmax layers: ``(B, H, Nq, Nk)``; differential layers: the combined map (see :attr:`diff`)."""
+        return effective_map(self.maps)
+
+    @property
+    def attn1(self) -> Tensor:
+        """First softmax map ``(B, H, Nq, Nk)`` of a differential layer."""
+        return self.maps["attn1"]
+
+    @property
+    def attn2(self) -> Tensor:
+        """Second (subtracted) softmax map ``(B, H, Nq, Nk)`` of a differential layer."""
+        return self.maps["attn2"]
+
+    @property
+    def diff(self) -> Tensor:
+        """``attn1 - lambda * attn2`` ``(B, H, Nq, Nk)``, the map multiplied with the values (computed on access)."""
+        if not self.differential:
+            raise AttributeError(f"{self.name} is a softmax layer; use .attn")
+        return effective_map(self.maps)
+
+    @property
+    def lam(self) -> Optional[Tensor]:
+        """Scalar lambda (V1), ``(B, H, Nq)`` (V2) or None (softmax)."""
+        return self.maps.get("lambda")
+
+    def lambda_value(self) -> float:
+        """Lambda as one number: V1's scalar, V2's mean over tokens and heads, NaN for softmax."""
+        lam = self.lam
+        return float("nan") if lam is None else float(lam.float().mean())
+
+
+class AttentionRecord:
+    """What :func:`record_attention` collected: one :class:`LayerAttention` per layer call, in call order.
+
+    Index by position (``rec[0]``) or module name (``rec["blocks.0.attn"]``, its first call).
+    """
+
+    def __init__(self) -> None:
+        self.layers: list[LayerAttention] = []
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self) -> Iterator[LayerAttention]:
+        return iter(self.layers)
+
+    def __getitem__(self, key: Union[int, str]) -> LayerAttention:
+        if isinstance(key, str):
+            for layer in self.layers:
+                if layer.name == key:
+                    return layer
+            raise KeyError(f"no recorded layer {key!r}; recorded: {self.names}")
+        return self.layers[key]
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def maps(self) -> list[dict[str, Tensor]]:
+        """The layers' dicts, as a model returns them with ``return_attn=True``."""
+        return [layer.maps for layer in self.layers]
+
+    def lambdas(self) -> list[float]:
+        """:meth:`LayerAttention.lambda_value` per recorded layer (NaN for softmax layers)."""
+        return [layer.lambda_value() for layer in self.layers]
+
+    def clear(self) -> None:
+        self.layers.clear()
+
+
+@contextlib.contextmanager
+def record_attention(
+    model: nn.Module,
+    layers: LayerSelection = None,
+    batch: Union[None, int, slice] = None,
+    device: Union[None, str, torch.device] = None,
+) -> Iterator[AttentionRecord]:
+    """Record the attention maps of every (selected) attention layer while the model runs as usual.
+
+    Each selected layer's output is computed exactly as without the recorder; its maps are then
+    computed by the layer's own ``return_attn`` path under ``torch.no_grad()`` on the selected batch
+    items only, so the peak memory per layer is ``len(batch) * H * Nq * Nk`` fp32 maps. With attention
+    dropout in training mode the extra call runs under a forked RNG, so the model's random stream is
+    unchanged. When the caller already asks a layer for ``return_attn``, those maps are reused.
+
+    Args:
+        model: any module containing :class:`~diffzoo.layers.AttentionBase` layers (or one itself).
+        layers: which layers to record (see :data:`LayerSelection`); others run untouched.
+        batch: keep only these batch items (an index or a slice) of every map.
+        device: move the maps there (e.g. ``"cpu"``), default: where they are computed.
+
+    Yields:
+        an :class:`AttentionRecord`, filled as the model runs; one entry per layer call.
+    """
+    record = AttentionRecord()
+    calls: dict[str, int] = {}
+    if isinstance(batch, int):
+        batch = slice(batch, batch + 1 if batch != -1 else None)
+
+    def make(index: int, name: str, module: AttentionBase, inner: Callable) -> Callable:
+        def _attend(x, q, k, v, masks, return_attn, backend):
+            out, maps = inner(x, q, k, v, masks, return_attn, backend)
+            if maps is not None:
+                kept = {key: (t.detach()[batch] if batch is not None and t.dim() > 0 else t.detach()) for key, t in maps.items()}
+            else:
+                b = slice(None) if batch is None else batch
+                fork = module.training and module.attn_drop > 0
+                devices = [q.device.index] if q.device.type == "cuda" else []
+                with torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=fork):
+                    _, kept = inner(x[b], q[b], k[b], v[b], _slice_masks(masks, b, x.shape[0]), True, backend)
+                kept = {key: t.detach() for key, t in kept.items()}
+            if device is not None:
+                kept = {key: t.to(device) for key, t in kept.items()}
+            call = calls.get(name, 0)
+            calls[name] = call + 1
+            record.layers.append(LayerAttention(name, index, _layer_kind(module, kept), kept, call))
+            return out, maps
+
+        return _attend
+
+    with _wrap_attend(attention_layers(model, layers), make):
+        yield record
+
+
+# -- scores -------------------------------------------------------------------------------------
+def _as_layer_maps(layers: MapsLike) -> list[tuple[str, dict[str, Tensor]]]:
+    if isinstance(layers, dict):
+        layers = [layers]
+    out = []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, LayerAttention):
+            out.append((layer.name, layer.maps))
+        elif isinstance(layer, dict):
+            out.append((f"layer{i}", layer))
+        else:
+            raise TypeError(f"expected LayerAttention or a maps dict, got {type(layer).__name__}")
+    if not out:
+        raise ValueError("no attention maps given")
+    return out
+
+
+def _token_mask(mask: Any, B: int, N: int, device: torch.device, what: str) -> Tensor:
+    """bool ``(B, N)`` from a bool ``(B, N)`` / ``(N,)`` mask, an index or a list of indices."""
+    if mask is None:
+        return torch.ones(B, N, dtype=torch.bool, device=device)
+    if isinstance(mask, int) or (isinstance(mask, Sequence) and not isinstance(mask, Tensor)):
+        idx = [mask] if isinstance(mask, int) else list(mask)
+        m = torch.zeros(N, dtype=torch.bool, device=device)
+        m[torch.as_tensor(idx, dtype=torch.long, device=device)] = True
+        mask = m
+    mask = torch.as_tensor(mask, device=device)
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{what} must be a bool mask, an index or a list of indices; got dtype {mask.dtype}")
+    if mask.dim() == 1:
+        mask = mask.expand(B, -1)
+    if tuple(mask.shape) != (B, N):
+        raise ValueError(f"{what} has shape {tuple(mask.shape)}; the maps need ({B}, {N}) or ({N},)")
+    return mask
+
+
+def _row_mean(values: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``values (B, H, Nq)`` over rows where ``valid`` holds; NaN where none does."""
+    valid = valid.expand_as(values)
+    total = torch.where(valid, values, torch.zeros_like(values)).sum(-1)
+    return total / valid.sum(-1)
+
+
+def answer_share(a: Tensor, query: Any, relevant: Any) -> Tensor:
+    """``mean_{i in G} sum_{j in A} a_ij / sum_j a_ij`` per sample and head (SPEC section 5).
+
+    Args:
+        a: ``(B, H, Nq, Nk)`` map; for differential layers ``attn1 - lam * attn2`` (row sum ``1 - lam``).
+        query: the query tokens ``G``: bool ``(B, Nq)`` / ``(Nq,)``, an index or a list of indices.
+        relevant: the answer tokens ``A``: bool ``(B, Nk)`` / ``(Nk,)``, an index or a list.
+
+    Returns:
+        fp32 ``(B, H)``; rows of ``G`` without attention mass (fully masked) are left out of the mean.
+    """
+    B, H, Nq, Nk = a.shape
+    a = a.float()
+    q = _token_mask(query, B, Nq, a.device, "query")[:, None, :]
+    rel = _token_mask(relevant, B, Nk, a.device, "relevant")[:, None, None, :]
+    row = a.sum(-1)  # (B, H, Nq)
+    valid = q & (a.abs().sum(-1) > 0)
+    part = torch.where(rel, a, torch.zeros_like(a)).sum(-1)
+    return _row_mean(part / torch.where(valid, row, torch.ones_like(row)), valid)
+
+
+def attention_entropy(a: Tensor, query: Any = None) -> Tensor:
+    """Entropy in nats of ``p_ij = |a_ij| / sum_j |a_ij|``, mean over query rows: fp32 ``(B, H)``.
+
+    For a softmax map this is the usual attention entropy (at most ``log Nk``); for a signed
+    differential map it is the entropy of its normalised magnitude.
+    """
+    B, H, Nq, Nk = a.shape
+    m = a.float().abs()
+    z = m.sum(-1, keepdim=True)
+    p = m / z.clamp_min(torch.finfo(torch.float32).tiny)
+    ent = -torch.xlogy(p, p).sum(-1)
+    valid = _token_mask(query, B, Nq, a.device, "query")[:, None, :] & (z.squeeze(-1) > 0)
+    return _row_mean(ent, valid)
+
+
+def negative_share(a: Tensor, query: Any = None) -> Tensor:
+    """``sum_j max(-a_ij, 0) / sum_j |a_ij|``, mean over query rows: fp32 ``(B, H)`` (0 for softmax maps)."""
+    B, H, Nq, Nk = a.shape
+    a = a.float()
+    z = a.abs().sum(-1)
+    neg = (-a).clamp_min(0).sum(-1) / z.clamp_min(torch.finfo(torch.float32).tiny)
+    valid = _token_mask(query, B, Nq, a.device, "query")[:, None, :] & (z > 0)
+    return _row_mean(neg, valid)
+
+
+@dataclass
+class AttentionNoise:
+    """Scores of :func:`attention_noise`, each fp32 ``(L, B, H)`` (layers, samples, heads).
+
+    Attributes:
+        names: the layers' names.
+        answer: answer share (None when no relevant tokens were given).
+        entropy: entropy of the normalised absolute map (nats).
+        negative: share of negative mass.
+        lambdas: per layer lambda as one number (NaN for softmax).
+    """
+
+    names: list[str]
+    answer: Optional[Tensor]
+    entropy: Tensor
+    negative: Tensor
+    lambdas: list[float]
+
+    def per_layer(self) -> dict[str, list[float]]:
+        """Every score per layer, averaged over samples and heads (NaN-aware)."""
+        out = {"entropy": self.entropy, "negative": self.negative}
+        if self.answer is not None:
+            out["answer"] = self.answer
+        return {k: v.flatten(1).nanmean(1).tolist() for k, v in out.items()}
+
+    def summary(self) -> dict[str, float]:
+        """Every score averaged over layers, samples and heads."""
+        return {k: float(torch.tensor(v).nanmean()) for k, v in self.per_layer().items()}
+
+    def per_sample(self, score: str = "answer") -> Tensor:
+        """One score per sample ``(B,)``: the mean over heads, then over layers."""
+        t = getattr(self, score)
+        if t is None:
+            raise ValueError("no relevant tokens were given, so there is no answer share")
+        return t.nanmean(-1).mean(0)
+
+
+def attention_noise(layers: MapsLike, query: Any = None, relevant: Any = None) -> AttentionNoise:
+    """Answer share, entropy and negative share of every layer's effective map.
+
+    Args:
+        layers: an :class:`AttentionRecord`, a list of :class:`LayerAttention`, or the list of dicts a
+            model returns with ``return_attn=True`` (all layers must share ``B`` and ``Nq, Nk``).
+        query: the query tokens ``G`` (see :func:`answer_share`); None = every token.
+        relevant: the answer tokens ``A``; None skips the answer share.
+
+    Returns:
+        an :class:`AttentionNoise`. ``attention_noise(maps, G, A).per_sample()`` equals the first value
+        of :func:`diffzoo.tasks.retrieval.attention_scores` ``(maps, G, A, noise)`` (tested).
+    """
+    items = _as_layer_maps(layers)
+    ans, ent, neg = [], [], []
+    for _, maps in items:
+        a = effective_map(maps)
+        if relevant is not None:
+            ans.append(answer_share(a, query, relevant))
+        ent.append(attention_entropy(a, query))
+        neg.append(negative_share(a, query))
+    lambdas = [float("nan") if "lambda" not in m else float(m["lambda"].float().mean()) for _, m in items]
+    return AttentionNoise(
+        names=[n for n, _ in items], answer=torch.stack(ans) if ans else None, entropy=torch.stack(ent),
+        negative=torch.stack(neg), lambdas=lambdas,
+    )
+
+
+def token_attention(
+    layer: Union[LayerAttention, dict], query: Any = 0, sample: int = 0, which: str = "effective",
+    head: Optional[int] = None,
+) -> Tensor:
+    """Attention of the query token(s) to every key, ``(Nk,)`` fp32: what the plots draw.
+
+    Args:
+        layer: a recorded layer or a maps dict.
+        query: query token index, list or bool mask (mean over them).
+        sample: batch item.
+        which: ``"effective"`` (``attn`` / ``attn1 - lam attn2``), ``"attn1"`` or ``"attn2"``.
+        head: one head, or None for the mean over heads.
+    """
+    maps = layer.maps if isinstance(layer, LayerAttention) else layer
+    a = effective_map(maps) if which == "effective" else maps[which]
+    a = a[sample].float()  # (H, Nq, Nk)
+    a = a.mean(0) if head is None else a[head]
+    q = _token_mask(query, 1, a.shape[0], a.device, "query")[0]
+    return a[q].mean(0)
+
+
+# -- modality helpers: which tokens are relevant ----------------------------------------------------
+def class_token_query(batch_size: int, num_tokens: int, index: int = 0, device: Any = None) -> Tensor:
+    """bool ``(B, N)`` with only the pooling (class) token ``index`` as the query."""
+    q = torch.zeros(batch_size, num_tokens, dtype=torch.bool, device=device)
+    q[:, index] = True
+    return q
+
+
+def image_relevant_tokens(
+    images: Tensor, patch_size: Union[int, Sequence[int]], threshold: float = 0.5, num_prefix_tokens: int = 1,
+    min_fraction: float = 0.0,
+) -> Tensor:
+    """Patches covering the object of an image on a dark background: bool ``(B, prefix + patches)``.
+
+    A patch is relevant when the fraction of its pixels whose channel mean exceeds ``threshold`` is
+    above ``min_fraction`` (default: any pixel). Patches are numbered row-major as timm's
+    ``PatchEmbed`` flattens them; the prefix (class) tokens are never relevant.
+
+    Args:
+        images: ``(B, C, H, W)`` in the units of ``threshold`` (e.g. raw pixels in [0, 1]).
+    """
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+    x = images.float().mean(1)  # (B, H, W)
+    B, H, W = x.shape
+    if H % ph or W % pw:
+        raise ValueError(f"image size {(H, W)} is not a multiple of the patch size {(ph, pw)}")
+    frac = (x > threshold).float().reshape(B, H // ph, ph, W // pw, pw).mean((2, 4)).flatten(1)
+    rel = frac > min_fraction
+    return torch.cat([rel.new_zeros(B, num_prefix_tokens), rel], dim=1)
+
+
+def vit_relevance(model: nn.Module, images: Tensor, threshold: float = 0.5, pixels: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """``(query, relevant)`` for a :class:`~diffzoo.models.VisionTransformer` (or any timm-like ViT).
+
+    The query is the class token with ``global_pool="token"``, else every patch token; the relevant
+    tokens are :func:`image_relevant_tokens` of ``pixels`` (default ``images``; pass the unnormalised
+    images when the model input is normalised).
+    """
+    prefix = int(getattr(model, "num_prefix_tokens", 1))
+    rel = image_relevant_tokens(images if pixels is None else pixels, model.patch_embed.patch_size, threshold, prefix)
+    B, N = rel.shape
+    if getattr(model, "global_pool", "token") == "token" and prefix > 0:
+        query = class_token_query(B, N, device=rel.device)
+    else:
+        query = torch.ones(B, N, dtype=torch.bool, device=rel.device)
+        query[:, :prefix] = False
+    return query, rel.to(images.device)
+
+
+@torch.no_grad()
+def speech_relevant_tokens(
+    model: nn.Module, wave: Tensor, lengths: Optional[Tensor] = None, top_db: float = 30.0
+) -> tuple[Tensor, Tensor]:
+    """Tokens of a :class:`~diffzoo.models.SpeechTransformer` that carry speech energy.
+
+    A spectrogram frame is speech when its mel power (the model's own ``MelSpectrogram``, fp32) lies
+    within ``top_db`` decibels of the loudest valid frame of its clip; a token is relevant when any of
+    its ``patch_time`` frames is speech and it is not padding. Tokens are time-major (``T' x F'``) after
+    the class token, as :meth:`SpeechTransformer.tokenize` orders them.
+
+    Returns:
+        ``(relevant, padding)``, each bool ``(B, 1 + N)`` (the class token: not relevant, not padding).
+    """
+    cfg = model.cfg
+    if wave.dim() == 3:
+        wave = wave[:, 0]
+    if wave.shape[-1] < cfg.n_fft:
+        wave = nn.functional.pad(wave, (0, cfg.n_fft - wave.shape[-1]))
+    power = model.frontend.mel(wave.float()).sum(1)  # (B, frames)
+    total = torch.full((wave.shape[0],), wave.shape[-1], device=wave.device)
+    lengths = total if lengths is None else lengths.to(wave.device).clamp(max=wave.shape[-1])
+    valid_frames = torch.where(lengths >= cfg.n_fft, (lengths - cfg.n_fft) // cfg.hop_length + 1, 0)
+    Tp = power.shape[1] // cfg.patch_time
+    frame_ok = torch.arange(power.shape[1], device=wave.device)[None] < valid_frames[:, None]
+    db = 10 * torch.log10(power + 1e-10)
+    peak = torch.where(frame_ok, db, torch.full_like(db, -torch.inf)).amax(1, keepdim=True)
+    speech = (db >= peak - top_db) & frame_ok
+    speech = speech[:, : Tp * cfg.patch_time].reshape(-1, Tp, cfg.patch_time).any(-1)  # (B, T')
+    padded = torch.arange(Tp, device=wave.device)[None] >= (valid_frames // cfg.patch_time)[:, None]
+    Fp = cfg.freq_tokens
+    rel = (speech & ~padded).repeat_interleave(Fp, 1)
+    pad = padded.repeat_interleave(Fp, 1)
+    false = rel.new_zeros(rel.shape[0], 1)
+    return torch.cat([false, rel], 1), torch.cat([false, pad], 1)
+
+
+def speech_relevance(
+    model: nn.Module, wave: Tensor, lengths: Optional[Tensor] = None, top_db: float = 30.0
+) -> tuple[Tensor, Tensor]:
+    """``(query, relevant)`` for a speech encoder: the class token queries when it pools
+    (``global_pool="token"``), else every valid token; relevant = :func:`speech_relevant_tokens`."""
+    rel, pad = speech_relevant_tokens(model, wave, lengths, top_db)
+    if getattr(model, "global_pool", "token") == "token":
+        query = class_token_query(*rel.shape, device=rel.device)
+    else:
+        query = ~pad
+        query[:, 0] = False
+    return query, rel
+
+
+def needle_relevance(samples: Sequence[Any]) -> tuple[Tensor, Tensor, Tensor]:
+    """``(query, answer, noise)`` bool ``(B, N)`` masks of needle-retrieval contexts.
+
+    The definitions of :func:`diffzoo.tasks.retrieval.evaluate_retrieval` (reused, not copied): the
+    queries are the positions that predict the answer tokens, the answer is the queried needle's value
+    in the context, the noise the distractor text. ``samples`` are
+    :class:`~diffzoo.data.needles.NeedleSample` of one length.
+    """
+    from ..tasks.retrieval import _masks  # imports Lightning: only when text needles are analysed
+
+    return _masks(list(samples))
