@@ -1,0 +1,228 @@
+"""The cross-modal study: differential vs softmax attention, encoders and a decoder, matched parameters.
+
+    OMP_NUM_THREADS=1 python -m recipes.compare                   # collect finished runs, write the table
+    OMP_NUM_THREADS=1 python -m recipes.compare --run --jobs 2    # train what is missing first
+    OMP_NUM_THREADS=1 python -m recipes.compare --analysis        # plus diffzoo.analysis on the checkpoints
+
+Every family is trained by its own comparison recipe (``recipes.vit_compare``, ``recipes.clip_compare``,
+``recipes.speech_compare``, ``recipes.lm_compare``): the differential model and its matched softmax
+baseline, the same data, recipe and seeds. Those recipes write ``outputs/<family>_compare/results.json``;
+this one reads them (``--run`` first starts the recipes whose results are missing, with the seeds given)
+and writes one table: setting, parameters of each model, the metric of each (mean ± sample standard
+deviation over seeds), the difference, and whether it exceeds the seed spread (the per-seed ranges of the
+two models do not overlap).
+
+``--analysis`` loads each run's exported weights and measures, with :mod:`diffzoo.analysis`, the
+attention entropy and the share of attention on the task's relevant tokens, lambda by depth, activation
+outliers, and the task metric with the attention logits quantised to 8, 6 and 4 bits; the plots go to
+``--plots`` (default ``docs/results``). Everything is also written to ``outputs/compare/study.json`` and,
+as markdown, to ``outputs/compare/study.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+OUT = Path("outputs/compare")
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # where the value sits in a run's ``summary.metrics`` (or a callable's name)
+    label: str
+    higher_is_better: bool = True
+    scale: float = 1.0
+    get: Optional[Callable[[dict], float]] = None  # for values not in summary.metrics
+
+    def value(self, run: dict) -> float:
+        if self.get is not None:
+            return self.get(run) * self.scale
+        return float(run["summary"]["metrics"][self.key]) * self.scale
+
+
+def _lm_retrieval(run: dict) -> float:
+    rows = run.get("retrieval") or []
+    total = sum(r["n"] for r in rows)
+    return sum(r["correct"] for r in rows) / total if total else float("nan")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # short name, also the recipe: recipes.<name>_compare
+    setting: str
+    side: str  # "encoder" or "decoder"
+    diff: str  # model (or attention) name of the differential run
+    soft: str
+    metrics: tuple[Metric, ...]
+    run_key: str = "model"  # the field of a run that holds ``diff`` / ``soft``
+    recipe_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def results(self) -> Path:
+        return Path(f"outputs/{self.name}_compare/results.json")
+
+    @property
+    def recipe(self) -> str:
+        return f"recipes.{self.name}_compare"
+
+
+FAMILIES: dict[str, Family] = {
+    "vit": Family(
+        "vit", "ViT, embedded MNIST digits (10 classes)", "encoder",
+        "diffvit_nano_patch7_28", "softvit_nano_patch7_28",
+        (Metric("val/top1", "val top-1 %", scale=100),),
+    ),
+    "clip": Family(
+        "clip", "CLIP image + text towers, coloured digits", "encoder", "DiffCLIP-nano", "SoftCLIP-nano",
+        (Metric("val/zs_top1", "held-out zero-shot top-1 %", scale=100),
+         Metric("val/i2t_r1", "image->text R@1 %", scale=100)),
+    ),
+    "speech": Family(
+        "speech", "keyword encoder, synthesised keywords (12 classes)", "encoder", "diffkwt_nano", "softkwt_nano",
+        (Metric("test/top1", "test top-1 % (unseen voices)", scale=100),),
+        recipe_args=("--jobs", "{jobs}"),
+    ),
+    "lm": Family(
+        "lm", "causal LM, byte-level pydoc text", "decoder", "diff", "softmax",
+        (Metric("val/loss", "val loss (nats/byte)", higher_is_better=False),
+         Metric("retrieval", "needle retrieval %", scale=100, get=_lm_retrieval)),
+        run_key="attn", recipe_args=("--parallel", "{jobs}"),
+    ),
+}
+
+
+def load_runs(family: Family) -> list[dict]:
+    """The finished runs of ``family`` (its comparison recipe's results.json); [] if there are none."""
+    if not family.results.is_file():
+        return []
+    runs = json.loads(family.results.read_text())
+    if not isinstance(runs, list):
+        raise ValueError(f"{family.results}: expected a list of runs, got {type(runs).__name__}")
+    return [r for r in runs if r.get(family.run_key) in (family.diff, family.soft)]
+
+
+def run_family(family: Family, seeds: list[int], jobs: int, extra: list[str]) -> None:
+    """Start ``family``'s comparison recipe in a fresh process (it writes its own results.json)."""
+    args = [a.format(jobs=jobs) for a in family.recipe_args]
+    cmd = [sys.executable, "-m", family.recipe, "--seeds", *map(str, seeds), *args, *extra]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def _params(runs: list[dict]) -> Optional[int]:
+    for r in runs:
+        p = r.get("params") or r.get("summary", {}).get("parameters") or r.get("summary", {}).get("params")
+        if p:
+            return int(p)
+    return None
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def compare_rows(family: Family, runs: list[dict]) -> list[dict]:
+    """One row per metric: both models' per-seed values, means, spreads and the difference."""
+    diff = sorted((r for r in runs if r[family.run_key] == family.diff), key=lambda r: r["seed"])
+    soft = sorted((r for r in runs if r[family.run_key] == family.soft), key=lambda r: r["seed"])
+    rows = []
+    for m in family.metrics:
+        d = [m.value(r) for r in diff]
+        s = [m.value(r) for r in soft]
+        if not d or not s:
+            continue
+        (dm, dsd), (sm, ssd) = _mean_sd(d), _mean_sd(s)
+        delta = dm - sm
+        better = delta > 0 if m.higher_is_better else delta < 0
+        separated = min(d) > max(s) or max(d) < min(s)  # the per-seed ranges do not overlap
+        pooled = math.sqrt((dsd ** 2 + ssd ** 2) / 2)
+        rows.append(dict(
+            family=family.name, setting=family.setting, side=family.side, metric=m.label,
+            higher_is_better=m.higher_is_better, diff_model=family.diff, soft_model=family.soft,
+            diff_params=_params(diff), soft_params=_params(soft), diff_values=d, soft_values=s,
+            diff_seeds=[r["seed"] for r in diff], soft_seeds=[r["seed"] for r in soft],
+            diff_mean=dm, diff_sd=dsd, soft_mean=sm, soft_sd=ssd, delta=delta,
+            delta_in_sd=delta / pooled if pooled > 0 else float("inf") * (1 if delta >= 0 else -1),
+            diff_better=better, beyond_spread=separated,
+        ))
+    return rows
+
+
+def _fmt_params(p: Optional[int]) -> str:
+    return f"{p / 1e6:.2f} M" if p and p >= 1e6 else (f"{p / 1e3:.0f} k" if p else "?")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = (
+        "| setting | side | metric | params diff / softmax | differential | softmax | difference (diff - soft) "
+        "| beyond seed spread | seeds |\n|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        arrow = "higher is better" if r["higher_is_better"] else "lower is better"
+        verdict = ("yes, differential better" if r["diff_better"] else "yes, softmax better") if r["beyond_spread"] else "no"
+        lines.append(
+            f"| {r['setting']} | {r['side']} | {r['metric']} ({arrow}) | "
+            f"{_fmt_params(r['diff_params'])} / {_fmt_params(r['soft_params'])} | "
+            f"{r['diff_mean']:.2f} ± {r['diff_sd']:.2f} | {r['soft_mean']:.2f} ± {r['soft_sd']:.2f} | "
+            f"{r['delta']:+.2f} ({r['delta_in_sd']:+.1f} sd) | {verdict} | {len(r['diff_values'])} + {len(r['soft_values'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds for --run")
+    p.add_argument("--run", action="store_true", help="train the families whose results are missing")
+    p.add_argument("--rerun", action="store_true", help="train every family again, even with results")
+    p.add_argument("--jobs", type=int, default=2, help="trainings at once where a family's recipe allows it")
+    p.add_argument("--analysis", action="store_true", help="run diffzoo.analysis on the trained models")
+    p.add_argument("--analysis-seeds", type=int, nargs="+", default=None,
+                   help="seeds analysed (default: every collected seed)")
+    p.add_argument("--plots", type=Path, default=Path("docs/results"), help="folder for the analysis plots")
+    p.add_argument("--out", type=Path, default=OUT)
+    args, extra = p.parse_known_args(argv)
+
+    start = time.time()
+    rows, missing = [], []
+    for name in args.families:
+        family = FAMILIES[name]
+        runs = load_runs(family)
+        if args.rerun or (args.run and not runs):
+            run_family(family, args.seeds, args.jobs, extra)
+            runs = load_runs(family)
+        if not runs:
+            missing.append(name)
+            continue
+        rows.extend(compare_rows(family, runs))
+    study: dict = {"rows": rows, "missing": missing}
+    text = markdown_table(rows) if rows else "(no finished runs)"
+    if missing:
+        text += "\n\nNo results for: " + ", ".join(
+            f"{m} (`python -m {FAMILIES[m].recipe}` or `--run`)" for m in missing)
+    if args.analysis:
+        from recipes import compare_analysis
+
+        study["analysis"] = compare_analysis.analyse(
+            [FAMILIES[n] for n in args.families if n not in missing], load_runs, args.analysis_seeds, args.plots)
+        text += "\n\n" + compare_analysis.markdown(study["analysis"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "study.json").write_text(json.dumps(study, indent=1))
+    (args.out / "study.md").write_text(text + "\n")
+    print(text)
+    print(f"\n({time.time() - start:.0f} s; written to {args.out / 'study.md'} and study.json)")
+    return study
+
+
+if __name__ == "__main__":
+    main()
