@@ -14,7 +14,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("name", ["layers.md"])
+@pytest.mark.parametrize("name", ["layers.md", "analysis.md"])
 def test_doc_examples_run(name):
     blocks = python_blocks(DOCS / name)
     assert len(blocks) >= 3, f"{name} lost its examples"
