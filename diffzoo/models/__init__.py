@@ -1,11 +1,13 @@
 """diffzoo.models: model families composed from :mod:`diffzoo.layers`, registered with timm.
 
 Importing this package registers the ViT (``diffvit_*`` / ``softvit_*``) and speech (``diffkwt_*``,
-``diffast_*`` and their ``soft*`` baselines) models in timm's registry; the causal LM lives in
-:mod:`diffzoo.models.lm`.
+``diffast_*`` and their ``soft*`` baselines) models in timm's registry, and the CLIP family
+(``DiffCLIP-ViT-B-16``, ``DiffCLIPstar-*``, ``DiffCLIPdagger-*``, ``SoftCLIP-*``, ``*-nano``) as open_clip
+model configs; the causal LM lives in :mod:`diffzoo.models.lm`.
 """
 
 from .vit import VIT_CONFIGS, VisionTransformer, checkpoint_filter_fn, matched_name, model_names
+from .clip import DiffTextTower, DiffVisionTower, DiffzooTowerCfg, clip_model_names, create_clip
 from .hf_difflama import from_hf_difflama, to_hf_difflama  # transformers is imported only when called
 from .lm import LM_PRESETS, CausalLM, LMConfig, generate, left_pad, matched_lm_pair, sample_next
 from .speech import (
@@ -20,6 +22,9 @@ from .speech import (
 
 __all__ = [
     "CausalLM",
+    "DiffTextTower",
+    "DiffVisionTower",
+    "DiffzooTowerCfg",
     "LMConfig",
     "LM_PRESETS",
     "LogMelFrontend",
@@ -30,6 +35,8 @@ __all__ = [
     "VIT_CONFIGS",
     "VisionTransformer",
     "checkpoint_filter_fn",
+    "clip_model_names",
+    "create_clip",
     "from_hf_difflama",
     "generate",
     "left_pad",
