@@ -1,0 +1,292 @@
+"""Contrastive image-text training (CLIP / DiffCLIP) as a LightningModule, for any open_clip model.
+
+DiffCLIP (Hammoud & Ghanem, arXiv 2503.06626) trains CLIP with differential attention using the standard
+CLIP recipe; this module is that recipe: open_clip's model by name, ``open_clip.ClipLoss`` (symmetric
+InfoNCE with a learned temperature, features gathered across DDP ranks), AdamW without weight decay on
+gains, biases, embeddings and the temperature, linear warm-up then cosine, and ``logit_scale`` clamped to
+``ln(100)`` after each step. Validation scores zero-shot classification and image-text retrieval.
+
+**Gradient accumulation** (``Trainer(accumulate_grad_batches=k)``) averages the losses of ``k``
+micro-batches: each micro-batch's contrastive loss uses only the negatives of that micro-batch (times the
+DDP world size), so accumulation saves memory but is *not* a larger contrastive batch. For the paper's
+effective batch use more devices or a larger per-device batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from .callbacks import RunSummary
+from .classification import ImageClassificationTask, warmup_cosine
+from .export import save_safetensors
+from .zeroshot import check_model_name, load_clip_weights, pair_retrieval, topk_hits, zero_shot_classifier
+
+MAX_LOGIT_SCALE = math.log(100.0)
+# Parameter names (substrings) trained without weight decay, besides every parameter with < 2 dims.
+NO_DECAY_NAMES = ("bias", "logit_scale", "logit_bias", "embedding", "norm", "ln_", "bn")
+
+
+def split_clip_output(out: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """``(image_features, text_features, logit_scale)`` from an open_clip model's ``forward`` (tuple or dict)."""
+    if isinstance(out, dict):
+        return out["image_features"], out["text_features"], out["logit_scale"]
+    return out[0], out[1], out[2]
+
+
+class ContrastiveTask(pl.LightningModule):
+    """Train an open_clip-registered model (``DiffCLIP-*``, ``SoftCLIP-*`` or any open_clip config).
+
+    Batches: ``(images, tokens)`` for training. Validation loaders may give ``(images, tokens)`` pairs
+    (scored by retrieval over the whole loader, identical captions merged; also ``val/loss``) or
+    ``(images, labels)`` (scored zero-shot against the DataModule's ``zeroshot_classnames`` and
+    ``zeroshot_templates``; ``zeroshot_hard_negative`` adds ``val/zs_pair``). Logged: ``val/zs_top1``,
+    ``val/zs_top5``, ``val/zs_pair``, ``val/i2t_r{1,5,10}``, ``val/t2i_r{1,5,10}``, ``val/mean_recall``.
+
+    Args:
+        model: open_clip model name.
+        pretrained: open_clip pretrained tag or weight file to start from.
+        checkpoint: weights to start from (diffzoo Lightning checkpoint, open_clip checkpoint, state
+            dict or safetensors), loaded after ``pretrained``. Resuming a run uses ``--ckpt_path`` instead.
+        model_kwargs: more ``open_clip.create_model`` arguments (``force_image_size``, ...).
+        lr: peak learning rate (AdamW).
+        weight_decay: AdamW weight decay on matrices (none on biases, norms, embeddings, logit_scale).
+        betas, eps: AdamW betas and epsilon (CLIP: 0.9, 0.98, 1e-6).
+        warmup_steps: linear warm-up in optimizer steps; None to use ``warmup_epochs``.
+        warmup_epochs: warm-up length in epochs (fractions allowed) when ``warmup_steps`` is None.
+        min_lr_ratio: final learning rate of the cosine relative to ``lr``.
+        local_loss: under DDP, each rank scores its own queries against all gathered features
+            (open_clip ``--local-loss``); the same loss as the global one, less memory.
+        gather_with_grad: gather features with gradients (open_clip ``--gather-with-grad``).
+        grad_checkpointing: recompute transformer blocks in the backward pass.
+        zeroshot_classes_per_batch: classes encoded per text batch when building the classifier.
+        retrieval_ks: recall cut-offs.
+    """
+
+    def __init__(
+        self,
+        model: str = "DiffCLIP-nano",
+        pretrained: Optional[str] = None,
+        checkpoint: Optional[str] = None,
+        model_kwargs: Optional[dict[str, Any]] = None,
+        lr: float = 5e-4,
+        weight_decay: float = 0.2,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-6,
+        warmup_steps: Optional[int] = None,
+        warmup_epochs: float = 1.0,
+        min_lr_ratio: float = 0.0,
+        local_loss: bool = True,
+        gather_with_grad: bool = True,
+        grad_checkpointing: bool = False,
+        zeroshot_classes_per_batch: int = 10,
+        retrieval_ks: Sequence[int] = (1, 5, 10),
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        import open_clip
+
+        check_model_name(model)
+        self.model = open_clip.create_model(model, pretrained=pretrained, **dict(model_kwargs or {}))
+        if checkpoint:
+            load_clip_weights(self.model, checkpoint)
+        if grad_checkpointing:
+            self.model.set_grad_checkpointing(True)
+        self.loss_fn = open_clip.ClipLoss()  # replaced in setup() when training on several devices
+        self._tokenizer = None
+        self._classifier: Optional[Tensor] = None
+        self._reset_eval_state()
+
+    @property
+    def tokenizer(self):
+        """The model's open_clip tokenizer (built on first use)."""
+        if self._tokenizer is None:
+            import open_clip
+
+            self._tokenizer = open_clip.get_tokenizer(self.hparams.model)
+        return self._tokenizer
+
+    def setup(self, stage: str) -> None:
+        import open_clip
+
+        world = self.trainer.world_size
+        self.loss_fn = open_clip.ClipLoss(
+            local_loss=self.hparams.local_loss and world > 1, gather_with_grad=self.hparams.gather_with_grad,
+            cache_labels=True, rank=self.global_rank, world_size=world,
+        )
+
+    def forward(self, images: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(B, 3, H, W)`` images and ``(B, L)`` tokens -> normalised features ``(B, E)`` x2 and ``exp(logit_scale)``."""
+        return split_clip_output(self.model(images, tokens))
+
+    # -- training ------------------------------------------------------------------------------
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, tokens = batch[0], batch[1]
+        img, txt, scale = self(images, tokens)
+        loss = self.loss_fn(img, txt, scale)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(images))
+        self.log("train/logit_scale", scale.detach().float(), on_step=True, on_epoch=False)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # CLIP clamps the temperature after every optimizer step (idempotent on accumulation steps).
+        scale = getattr(self.model, "logit_scale", None)
+        if isinstance(scale, torch.Tensor):
+            with torch.no_grad():
+                scale.clamp_(0, MAX_LOGIT_SCALE)
+
+    def on_train_epoch_start(self) -> None:
+        dataset = getattr(self.trainer.train_dataloader, "dataset", None)
+        if hasattr(dataset, "set_epoch"):  # shard data sets reshuffle by epoch
+            dataset.set_epoch(self.current_epoch)
+
+    def on_train_epoch_end(self) -> None:
+        bad = int(getattr(getattr(self.trainer, "datamodule", None), "num_bad", 0) or 0)
+        self.log("data/bad_samples", float(bad), reduce_fx="sum", sync_dist=True)
+        if bad:
+            rank_zero_warn(f"{bad} corrupt shard(s) or sample(s) were skipped so far (see the log)")
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def _reset_eval_state(self) -> None:
+        self._pairs: list[tuple[Tensor, Tensor, Tensor]] = []
+        self._zs = torch.zeros(4, dtype=torch.long)  # top1 hits, top5 hits, pair wins, images
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset_eval_state()
+        dm = getattr(self.trainer, "datamodule", None)
+        names = getattr(dm, "zeroshot_classnames", None)
+        self._classifier = None
+        if names:
+            self._classifier = zero_shot_classifier(
+                self.model, self.tokenizer, names, dm.zeroshot_templates, device=self.device,
+                classes_per_batch=self.hparams.zeroshot_classes_per_batch,
+            )
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        images, target = batch[0], batch[1]
+        if target.dim() == 2:  # (images, tokens): retrieval pairs
+            img, txt, scale = self(images, target)
+            loss = self._local_loss(img, txt, scale)
+            self.log("val/loss", loss, on_epoch=True, sync_dist=True, batch_size=len(images), add_dataloader_idx=False)
+            self._pairs.append((img.detach().float().cpu(), txt.detach().float().cpu(), target.cpu()))
+            return
+        if self._classifier is None:
+            raise ValueError(
+                "a validation loader gives (images, labels) but the DataModule has no zeroshot_classnames"
+            )
+        feats = self.model.encode_image(images, normalize=True).float()
+        logits = feats @ self._classifier  # (B, C)
+        hits = topk_hits(logits, target, (1, 5))
+        self._zs[0] += hits[1]
+        self._zs[1] += hits[5]
+        neg = getattr(self.trainer.datamodule, "zeroshot_hard_negative", None)
+        if neg is not None:
+            neg = neg.to(target.device)[target]
+            self._zs[2] += int((logits.gather(1, target[:, None]) > logits.gather(1, neg[:, None])).sum())
+        self._zs[3] += len(target)
+
+    def _local_loss(self, img: Tensor, txt: Tensor, scale: Tensor) -> Tensor:
+        """Validation loss with this rank's batch as negatives (validation batches may differ across ranks)."""
+        import open_clip
+
+        return open_clip.ClipLoss()(img, txt, scale)
+
+    def on_validation_epoch_end(self) -> None:
+        metrics: dict[str, float] = {}
+        zs = self.trainer.strategy.reduce(self._zs.to(self.device), reduce_op="sum") if self.trainer.world_size > 1 \
+            else self._zs
+        zs = zs.tolist()
+        if zs[3]:
+            metrics["val/zs_top1"] = zs[0] / zs[3]
+            metrics["val/zs_top5"] = zs[1] / zs[3]
+            if getattr(self.trainer.datamodule, "zeroshot_hard_negative", None) is not None:
+                metrics["val/zs_pair"] = zs[2] / zs[3]
+        if self._pairs:
+            img, txt, tok = (self._gather_cat(torch.cat(parts)) for parts in zip(*self._pairs))
+            for k, v in pair_retrieval(img, txt, tok, ks=tuple(self.hparams.retrieval_ks)).items():
+                metrics[f"val/{k}"] = v
+        for key, value in metrics.items():  # identical on every rank (gathered above)
+            self.log(key, value, prog_bar=key in ("val/zs_top1", "val/i2t_r1"))
+        self._reset_eval_state()
+        self._classifier = None
+
+    def _gather_cat(self, t: Tensor) -> Tensor:
+        """Concatenate ``t`` over all ranks (the ranks may hold different row counts)."""
+        if self.trainer.world_size == 1:
+            return t
+        n = torch.tensor([len(t)], device=self.device)
+        sizes = self.all_gather(n).flatten().tolist()
+        pad = torch.zeros((max(sizes) - len(t), *t.shape[1:]), dtype=t.dtype)
+        g = self.all_gather(torch.cat([t, pad]).to(self.device))  # (W, max, ...)
+        return torch.cat([g[i, :s] for i, s in enumerate(sizes)]).cpu()
+
+    # -- optimisation --------------------------------------------------------------------------
+    def param_groups(self) -> list[dict[str, Any]]:
+        """AdamW groups: decay on weight matrices only; none on 1-d parameters (gains, biases, lambdas),
+        embeddings (token, positional, class), ``logit_scale`` / ``logit_bias`` and the model's
+        ``no_weight_decay()`` names."""
+        skip = set(getattr(self.model, "no_weight_decay", lambda: set())())
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            excluded = p.ndim < 2 or name in skip or any(s in name for s in NO_DECAY_NAMES)
+            (no_decay if excluded else decay).append(p)
+        return [
+            {"params": decay, "weight_decay": self.hparams.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        opt = torch.optim.AdamW(self.param_groups(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
+        total = int(self.trainer.estimated_stepping_batches)
+        if hp.warmup_steps is not None:
+            warmup = hp.warmup_steps
+        else:
+            epochs = self.trainer.max_epochs
+            per_epoch = total / epochs if epochs and epochs > 0 else \
+                self.trainer.num_training_batches / max(1, self.trainer.accumulate_grad_batches)
+            warmup = int(round(hp.warmup_epochs * per_epoch))
+        warmup = max(1, min(total, warmup))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, warmup, total, hp.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- exact resume: the RNG states travel with the checkpoint, as for the classifiers -------
+    on_save_checkpoint = ImageClassificationTask.on_save_checkpoint
+    on_load_checkpoint = ImageClassificationTask.on_load_checkpoint
+
+
+class ClipRunSummary(RunSummary):
+    """:class:`~diffzoo.tasks.callbacks.RunSummary` for CLIP: ``summary.json`` plus ``model.safetensors``
+    holding the open_clip state dict (model name in the header), reloadable with
+    :func:`~diffzoo.tasks.zeroshot.create_clip` ``(name, checkpoint=path)``.
+
+    Args:
+        export: write ``model.safetensors``.
+        monitor: metric reported as the headline result.
+    """
+
+    def __init__(self, export: bool = True, monitor: str = "val/zs_top1") -> None:
+        super().__init__(export=False, monitor=monitor)
+        self.export_clip = export
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_fit_end(trainer, pl_module)
+        if not trainer.is_global_zero or not self.export_clip:
+            return
+        out = Path(self.summary["log_dir"])
+        name = pl_module.hparams.get("model")
+        path = save_safetensors(pl_module.model.state_dict(), out / "model.safetensors", name,
+                                dict(pl_module.hparams.get("model_kwargs") or {}))
+        self.summary["safetensors"] = str(path)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2))
+        print(f"weights: {path}\nreload: diffzoo.tasks.zeroshot.create_clip({name!r}, checkpoint={str(path)!r})", flush=True)

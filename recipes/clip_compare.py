@@ -1,0 +1,143 @@
+"""Differential vs softmax CLIP at matched parameters on the embedded coloured digits, several seeds.
+
+    OMP_NUM_THREADS=1 python -m recipes.clip_compare --seeds 0 1 2 [--plot docs/results/clip_digits_curves.png]
+    python -m recipes.clip_compare --from-results --plot ...          # re-make table / plot only
+
+Each run is a fresh ``python -m recipes.clip`` process with the default config (``configs/clip_digits.yaml``),
+one with ``DiffCLIP-nano`` and one with ``SoftCLIP-nano`` per seed (the seed sets the initialisation and
+the training order; the split and the colouring are fixed). Runs go to ``outputs/clip_compare/<model>_seed<k>/``;
+the table (held-out-pair zero-shot top-1, colour-swap pair accuracy and seen-pair retrieval R@1: mean,
+sample standard deviation, per seed) is printed as markdown and saved with the curves in
+``outputs/clip_compare/results.json``. Extra arguments go to every run (``--trainer.max_epochs 2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODELS = ("DiffCLIP-nano", "SoftCLIP-nano")
+OUT = Path("outputs/clip_compare")
+CURVES = ("val/zs_top1", "val/zs_pair", "val/i2t_r1", "val/t2i_r1", "val/loss", "train/loss_epoch")
+COLUMNS = (("val/zs_top1", "zero-shot top-1 (held-out pairs)"), ("val/zs_pair", "pair vs colour-swapped"),
+           ("val/i2t_r1", "i2t R@1"), ("val/t2i_r1", "t2i R@1"))
+
+
+def run_one(model: str, seed: int, extra: list[str]) -> dict:
+    """Train one model with one seed in a fresh process; returns its summary and per-epoch curves."""
+    name = f"{model}_seed{seed}"
+    cmd = [
+        sys.executable, "-m", "recipes.clip", "--model.model", model, "--seed_everything", str(seed),
+        "--data.init_args.seed", str(seed), "--trainer.logger.init_args.save_dir", str(OUT),
+        "--trainer.logger.init_args.name", name, "--trainer.enable_progress_bar", "false", *extra,
+    ]
+    start = time.time()
+    subprocess.run(cmd, check=True)
+    log_dir = sorted((OUT / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
+    summary = json.loads((log_dir / "summary.json").read_text())
+    curves: dict[str, list[float]] = {key: [] for key in CURVES}
+    with open(log_dir / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            for key in curves:
+                if row.get(key):
+                    curves[key].append(float(row[key]))
+    return {"model": model, "seed": seed, "seconds": time.time() - start, "summary": summary, "curves": curves}
+
+
+def table(runs: list[dict]) -> str:
+    """Markdown table of the final metrics per model: mean ± sample std, then the per-seed values."""
+    head = "| model | params | seeds | " + " | ".join(f"{label} % (mean ± std)" for _, label in COLUMNS) + " | per seed (zs top-1 / i2t R@1) |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 4)]
+    for model in MODELS:
+        mine = [r for r in runs if r["model"] == model]
+        if not mine:
+            continue
+        cells = []
+        for key, _ in COLUMNS:
+            vals = [100 * r["summary"]["metrics"][key] for r in mine if key in r["summary"]["metrics"]]
+            std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            cells.append(f"{statistics.mean(vals):.2f} ± {std:.2f}" if vals else "-")
+        per_seed = ", ".join(
+            f"{100 * r['summary']['metrics'].get('val/zs_top1', float('nan')):.1f} / "
+            f"{100 * r['summary']['metrics'].get('val/i2t_r1', float('nan')):.1f}" for r in mine
+        )
+        params = f"{mine[0]['params']:,}" if mine[0].get("params") is not None else "?"
+        lines.append(f"| {model} | {params} | {len(mine)} | " + " | ".join(cells) + f" | {per_seed} |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Zero-shot top-1, retrieval R@1 and training loss per epoch: mean line and min-max band per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = (("val/zs_top1", "held-out zero-shot top-1 (%)", 100), ("val/i2t_r1", "i2t R@1 (%)", 100),
+              ("train/loss_epoch", "training loss", 1))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), dpi=90)
+    for model, color in zip(MODELS, ("tab:red", "tab:blue")):
+        for ax, (key, label, scale) in zip(axes, panels):
+            ys = [r["curves"][key] for r in runs if r["model"] == model and r["curves"].get(key)]
+            if not ys:
+                continue
+            n = min(len(y) for y in ys)
+            arr = scale * np.array([y[:n] for y in ys])
+            x = np.arange(1, n + 1)
+            ax.plot(x, arr.mean(0), color=color, label=f"{model} (n={len(ys)})")
+            ax.fill_between(x, arr.min(0), arr.max(0), color=color, alpha=0.2)
+            ax.set(xlabel="epoch", ylabel=label)
+    axes[0].legend()
+    fig.suptitle("coloured MNIST digits, nano CLIP, differential vs softmax attention (matched parameters)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+
+
+def count_params(model: str) -> int:
+    """Parameters of an open_clip model by name (diffzoo's configs registered first)."""
+    import open_clip
+
+    from diffzoo.data.image_text import import_clip_models
+
+    import_clip_models()
+    return sum(p.numel() for p in open_clip.create_model(model).parameters())
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
+    p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
+    args, extra = p.parse_known_args(argv)
+    results = OUT / "results.json"
+    if args.from_results:
+        if not results.is_file():
+            p.error(f"{results} does not exist; run without --from-results first")
+        runs = json.loads(results.read_text())
+    else:
+        params = {m: count_params(m) for m in MODELS}
+        runs = []
+        for seed in args.seeds:
+            for model in MODELS:
+                r = run_one(model, seed, extra)
+                r["params"] = params[model]
+                runs.append(r)
+                OUT.mkdir(parents=True, exist_ok=True)
+                results.write_text(json.dumps(runs, indent=1))
+    print(table(runs))
+    print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
+    if args.plot:
+        plot(runs, args.plot)
+        print(f"curves: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""diffzoo.data.image_text: coloured digits (captions, held-out pairs) and {jpg,txt} shards, including broken data."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from diffzoo.data import load_mnist_5k
+from diffzoo.data import image_text as it
+from diffzoo.data import shards as shards_mod
+
+TINY_CLIP = "TinyCLIP-test"
+TINY_CLIP_CONFIG = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8, "head_width": 16},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+}
+
+
+def register_tiny_clip(folder: Path) -> str:
+    """Register a stock open_clip CLIP small enough for CPU tests as ``TinyCLIP-test``."""
+    import open_clip
+
+    if open_clip.get_model_config(TINY_CLIP) is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{TINY_CLIP}.json").write_text(json.dumps(TINY_CLIP_CONFIG))
+        open_clip.add_model_config(folder)
+    return TINY_CLIP
+
+
+@pytest.fixture(scope="module")
+def splits() -> dict:
+    return it.colored_digit_splits(num_val=60, num_test=120, colorings=2, seed=0, limit=480)
+
+
+# -- coloured digits ------------------------------------------------------------------------------
+def test_captions_match_pixel_colours_and_digits(splits) -> None:
+    grey, labels = load_mnist_5k()
+    rgb = torch.tensor(list(it.PALETTE.values()))
+    for name, split in splits.items():
+        ds = it.ColoredDigits(**split, target="caption")
+        for i in range(0, len(ds), max(1, len(ds) // 6)):
+            img, cap = ds.images[i], ds.captions[i]
+            words = cap.split()  # "a red seven on a blue background"
+            fg, digit, bg = it.COLOR_NAMES.index(words[1]), it.DIGIT_WORDS.index(words[2]), it.COLOR_NAMES.index(words[5])
+            assert cap == f"a {words[1]} {words[2]} on a {words[5]} background" and fg != bg
+            assert torch.equal(img[:, 0, 0], rgb[bg].to(torch.uint8)), f"{name}[{i}]: corner is not the {words[5]} background"
+            # the brightest stroke pixels carry the foreground colour
+            c = int((rgb[fg] - rgb[bg]).abs().argmax())
+            alpha = (img[c].float() - rgb[bg][c]) / (rgb[fg][c] - rgb[bg][c]).float()
+            y, x = np.unravel_index(int(alpha.argmax()), alpha.shape)
+            assert (img[:, y, x].int() - rgb[fg]).abs().max() <= 3
+            # the recovered stroke map is a real MNIST image of the captioned digit
+            recovered = (alpha * 255).round()
+            same_digit = grey[labels == digit].float()
+            found = False
+            for oy in range(5):
+                for ox in range(5):
+                    crop = recovered[oy : oy + 28, ox : ox + 28]
+                    if recovered.sum() - crop.sum() > 1:  # ink outside this window
+                        continue
+                    found |= bool(((same_digit - crop).abs().amax(dim=(1, 2)) <= 3).any())
+            assert found, f"{name}[{i}]: no MNIST {words[2]} under the caption {cap!r}"
+            assert int(ds.digits[i]) == digit
+
+
+def test_heldout_pairs_never_in_training(splits) -> None:
+    held = set(it.heldout_pairs())
+    pairs = {k: set(zip(v["fg"].tolist(), v["bg"].tolist())) for k, v in splits.items()}
+    assert pairs["train"].isdisjoint(held) and pairs["val"].isdisjoint(held)
+    assert pairs["test"] <= held and len(pairs["test"]) == len(held) == 6
+    assert {(b, f) for f, b in held} <= pairs["train"]  # the swapped pairs are trained on
+    assert len(pairs["train"]) == 24  # every seen pair is used
+    assert len(splits["train"]["images"]) == 2 * 300 and len(splits["test"]["images"]) == 120
+    # train / val / test digit images are disjoint: no stroke map is shared across splits
+    def strokes(split: dict) -> set:
+        return {bytes((split["images"][i].int() - split["images"][i, :, :1, :1].int()).abs().amax(0).ne(0).numpy())
+                for i in range(len(split["images"]))}
+    s = {k: strokes(v) for k, v in splits.items()}
+    assert s["train"].isdisjoint(s["test"]) and s["val"].isdisjoint(s["test"])
+    again = it.colored_digit_splits(num_val=60, num_test=120, colorings=2, seed=0, limit=480)
+    assert torch.equal(again["test"]["images"], splits["test"]["images"])
+
+
+def test_dataset_targets_and_transforms(splits) -> None:
+    def tokenizer(texts: list[str]) -> torch.Tensor:
+        return torch.tensor([[len(t), sum(map(ord, t)) % 1000] for t in texts])
+
+    ds = it.ColoredDigits(**splits["val"], tokenizer=tokenizer)
+    x, tok = ds[3]
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+    assert torch.equal(tok, tokenizer([ds.captions[3]])[0])
+    names, _ = it.digit_classes()
+    labelled = it.ColoredDigits(**splits["test"], target="label", transform=it.ToFloatTensor(48))
+    x, y = labelled[5]
+    assert x.shape == (3, 48, 48) and "a " + names[y] == labelled.captions[5]
+    import torchvision.transforms as T
+
+    pil = it.ColoredDigits(**splits["test"], target="label", transform=T.ToTensor(), as_pil=True)
+    assert torch.allclose(pil[0][0], splits["test"]["images"][0].float() / 255)
+    assert ds.images.dtype == torch.uint8
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        it.ColoredDigits(**splits["val"])
+
+
+def test_datamodule_batches_and_hard_negatives(tmp_path: Path) -> None:
+    dm = it.ColoredDigitsDataModule(model=register_tiny_clip(tmp_path), batch_size=32, limit=400, num_val=50,
+                                    num_test=100, colorings=1)
+    dm.setup("fit")
+    x, tok = next(iter(dm.train_dataloader()))
+    assert x.shape == (32, 3, 32, 32) and tok.shape == (32, 16) and tok.dtype == torch.long
+    val, test = dm.val_dataloader()
+    xv, yv = next(iter(test))
+    assert yv.dim() == 1 and len(dm.zeroshot_classnames) == 300
+    held = {(it.COLOR_NAMES[f], it.COLOR_NAMES[b]) for f, b in it.heldout_pairs()}
+    for label in yv.tolist():
+        words = dm.zeroshot_classnames[label].split()
+        assert (words[0], words[4]) in held
+        swapped = dm.zeroshot_classnames[int(dm.zeroshot_hard_negative[label])].split()
+        assert (swapped[0], swapped[1], swapped[4]) == (words[4], words[1], words[0])
+
+
+# -- shards ---------------------------------------------------------------------------------------
+COLOURS = [(250, 0, 0), (0, 250, 0), (0, 0, 250)]
+
+
+def _pairs(n: int, start: int = 0) -> list[tuple[np.ndarray, str]]:
+    return [(np.full((12, 12, 3), COLOURS[(start + i) % 3], np.uint8), f"café ☕ picture {start + i}") for i in range(n)]
+
+
+def test_shard_writer_and_reader_round_trip(tmp_path: Path) -> None:
+    paths = it.write_image_text_shards(_pairs(7), tmp_path / "s-%03d.tar", max_per_shard=3, image_format="png")
+    assert [Path(p).name for p in paths] == ["s-000.tar", "s-001.tar", "s-002.tar"]
+    ds = it.ShardImageTextDataset(str(tmp_path / "s-{000..002}.tar"), transform=lambda im: im.getpixel((5, 5)),
+                                  shuffle=False)
+    items = list(ds)
+    assert items == [(COLOURS[i % 3], f"café ☕ picture {i}") for i in range(7)] and ds.num_bad == 0
+    tok = it.ShardImageTextDataset(paths, transform=lambda im: 0, tokenizer=lambda t: torch.tensor([[len(t[0])]]),
+                                   shuffle=False)
+    assert [int(t) for _, t in tok] == [len(f"café ☕ picture {i}") for i in range(7)]
+    with pytest.raises(ValueError, match="shard-index field"):
+        it.write_image_text_shards(_pairs(1), tmp_path / "plain.tar")
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def test_corrupt_samples_and_shards_are_skipped_and_counted(tmp_path: Path, caplog) -> None:
+    good, = it.write_image_text_shards(_pairs(2), tmp_path / "good-%d.tar")
+    with tarfile.open(good, "a") as tar:
+        _add(tar, "bad_image.jpg", b"not a jpeg")
+        _add(tar, "bad_image.txt", b"fine caption")
+        buf = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(buf, "JPEG")
+        _add(tar, "no_caption.jpg", buf.getvalue())
+        _add(tar, "bad_utf8.jpg", buf.getvalue())
+        _add(tar, "bad_utf8.txt", b"\xff\xfe caption")
+    broken, = it.write_image_text_shards(_pairs(4, start=10), tmp_path / "broken-%d.tar")
+    Path(broken).write_bytes(Path(broken).read_bytes()[:1200])  # truncated tar
+    caplog.set_level(logging.WARNING, logger="diffzoo.data")
+    ds = it.ShardImageTextDataset([good, broken], transform=lambda im: 0, shuffle=False)
+    captions = [c for _, c in ds]
+    assert captions[:2] == ["café ☕ picture 0", "café ☕ picture 1"]
+    assert all(c.startswith("café") for c in captions) and len(captions) < 6
+    assert ds.num_bad >= 4  # three bad samples + the truncated shard
+    for key in ("bad_image", "no_caption", "bad_utf8", "broken-0.tar"):
+        assert key in caplog.text, key
+
+
+def test_shards_split_by_rank_and_worker(tmp_path: Path, monkeypatch) -> None:
+    paths = [it.write_image_text_shards(_pairs(3, start=3 * s), tmp_path / f"p{s}-%d.tar")[0] for s in range(4)]
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setattr(shards_mod, "_rank_world", lambda r=rank: (r, 2))
+        ds = it.ShardImageTextDataset(paths, transform=lambda im: 0, shuffle=False)
+        seen.append({c for _, c in DataLoader(ds, batch_size=None, num_workers=2)})
+        train = it.ShardImageTextDataset(paths, transform=lambda im: 0, samples_per_epoch=10, shuffle=False)
+        assert len(train) == 5 and len(list(DataLoader(train, batch_size=None, num_workers=2))) == 5
+    assert seen[0].isdisjoint(seen[1]) and len(seen[0]) == len(seen[1]) == 6
+    assert seen[0] | seen[1] == {f"café ☕ picture {i}" for i in range(12)}
+
+
+# -- zero-shot folders ----------------------------------------------------------------------------
+def test_imagenet_folder_checks_and_classnames(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        it.imagenet_classnames(tmp_path / "missing")
+    few = tmp_path / "few"
+    for w in ("n01440764", "n01443537", "cats"):
+        (few / w).mkdir(parents=True)
+    with pytest.raises(ValueError, match="3 class folders"):
+        it.imagenet_classnames(few)
+    full = tmp_path / "full"
+    for i in range(1000):
+        (full / f"n{10000000 + i:08d}").mkdir(parents=True)
+    wnids, names = it.imagenet_classnames(full)
+    assert len(wnids) == 1000 and names[0] == "tench" and names[999] == "toilet paper"
+    (tmp_path / "names.txt").write_text("n10000001\tsecond\nn10000000\tfirst\n")
+    assert it.read_classnames(tmp_path / "names.txt", ["n10000000", "n10000001"]) == ["first", "second"]
+    with pytest.raises(ValueError, match="2 class names for 3"):
+        (tmp_path / "two.txt").write_text("a\nb\n")
+        it.read_classnames(tmp_path / "two.txt", ["x", "y", "z"])
