@@ -1,6 +1,6 @@
 """Differential vs softmax CLIP at matched parameters on the embedded coloured digits, several seeds.
 
-    OMP_NUM_THREADS=1 python -m recipes.clip_compare --seeds 0 1 2 [--plot docs/results/clip_digits_curves.png]
+    OMP_NUM_THREADS=1 python -m recipes.clip_compare --seeds 0 1 2 --jobs 2 [--plot docs/results/clip_digits_curves.png]
     python -m recipes.clip_compare --from-results --plot ...          # re-make table / plot only
 
 Each run is a fresh ``python -m recipes.clip`` process with the default config (``configs/clip_digits.yaml``),
@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 MODELS = ("DiffCLIP-nano", "SoftCLIP-nano")
@@ -114,6 +115,7 @@ def count_params(model: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time (one thread each)")
     p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
     p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
     args, extra = p.parse_known_args(argv)
@@ -124,14 +126,18 @@ def main(argv: list[str] | None = None) -> None:
         runs = json.loads(results.read_text())
     else:
         params = {m: count_params(m) for m in MODELS}
-        runs = []
-        for seed in args.seeds:
-            for model in MODELS:
-                r = run_one(model, seed, extra)
-                r["params"] = params[model]
-                runs.append(r)
-                OUT.mkdir(parents=True, exist_ok=True)
-                results.write_text(json.dumps(runs, indent=1))
+        runs: list[dict] = []
+
+        def one(job: tuple[str, int]) -> None:
+            r = run_one(*job, extra)
+            r["params"] = params[r["model"]]
+            runs.append(r)
+            runs.sort(key=lambda r: (r["seed"], MODELS.index(r["model"])))
+            OUT.mkdir(parents=True, exist_ok=True)
+            results.write_text(json.dumps(runs, indent=1))
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each job is its own process
+            list(pool.map(one, [(m, s) for s in args.seeds for m in MODELS]))
     print(table(runs))
     print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
     if args.plot:

@@ -54,7 +54,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from diffzoo.tasks.zeroshot import (
         check_model_name,
         checkpoint_model_name,
-        create_clip,
+        load_clip,
         encode_pairs,
         pair_retrieval,
         zero_shot_accuracy,
@@ -72,7 +72,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError("--model is required (the checkpoint does not name its model)")
     check_model_name(model_name)
     device = _device(args.device)
-    model, preprocess, tokenizer = create_clip(model_name, args.pretrained, args.checkpoint, device=device)
+    model, preprocess, tokenizer = load_clip(model_name, args.pretrained, args.checkpoint, device=device)
     progress = not args.no_progress
     templates = open_clip.OPENAI_IMAGENET_TEMPLATES if args.templates == "openai" else open_clip.SIMPLE_IMAGENET_TEMPLATES
 

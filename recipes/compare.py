@@ -82,9 +82,11 @@ FAMILIES: dict[str, Family] = {
         (Metric("val/top1", "val top-1 %", scale=100),),
     ),
     "clip": Family(
-        "clip", "CLIP image + text towers, coloured digits", "encoder", "DiffCLIP-nano", "SoftCLIP-nano",
-        (Metric("val/zs_top1", "held-out zero-shot top-1 %", scale=100),
-         Metric("val/i2t_r1", "image->text R@1 %", scale=100)),
+        "clip", "CLIP image + text towers, coloured digits", "encoders", "DiffCLIP-nano", "SoftCLIP-nano",
+        (Metric("val/zs_top1", "held-out zero-shot top-1 % (300 captions)", scale=100),
+         Metric("val/zs_pair", "held-out caption beats its colour swap %", scale=100),
+         Metric("val/i2t_r1", "image->text R@1 % (seen pairs)", scale=100)),
+        recipe_args=("--jobs", "{jobs}"),
     ),
     "speech": Family(
         "speech", "keyword encoder, synthesised keywords (12 classes)", "encoder", "diffkwt_nano", "softkwt_nano",

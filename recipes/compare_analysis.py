@@ -151,7 +151,39 @@ def _lm_probe(run: dict) -> Probe:
     return Probe(model, evaluate, lambda: model(ids), (query, answer), plot, "val loss")
 
 
-PROBES: dict[str, Callable[[dict], Probe]] = {"vit": _vit_probe, "speech": _speech_probe, "lm": _lm_probe}
+def _clip_probe(run: dict) -> Probe:
+    from diffzoo.analysis.maps import vit_relevance
+    from diffzoo.analysis.plots import plot_image_attention
+    from diffzoo.data.image_text import ColoredDigitsDataModule
+    from diffzoo.tasks.zeroshot import load_clip, zero_shot_accuracy, zero_shot_classifier
+
+    name = run["model"]
+    model, _, tokenizer = load_clip(name, checkpoint=run["summary"]["safetensors"])
+    dm = ColoredDigitsDataModule(model=name, batch_size=250)
+    dm.setup()
+    loader = dm.val_dataloader()[1]  # held-out colour pairs, (images, labels)
+
+    @torch.no_grad()
+    def evaluate() -> float:  # the text classifier is rebuilt, so quantisation reaches both towers
+        classifier = zero_shot_classifier(model, tokenizer, dm.zeroshot_classnames, dm.zeroshot_templates)
+        return 100 * zero_shot_accuracy(model, classifier, loader)["top1"]
+
+    x = torch.stack([dm.test_set[i][0] for i in range(PROBE)])
+    # The digit's pixels are those whose colour differs from the background (the corner pixel).
+    dist = (x - x[..., :1, :1]).abs().amax(1, keepdim=True)
+    pixels = dist / dist.flatten(1).amax(1).clamp_min(1e-6)[:, None, None, None]
+    trunk = model.visual.trunk
+
+    def plot(record: Any, path: Path) -> None:
+        plot_image_attention(x[0] * 0.5 + 0.5, record[len(record) - 1], path)
+
+    return Probe(model, evaluate, lambda: model.encode_image(x), vit_relevance(trunk, x, 0.5, pixels=pixels), plot,
+                 "held-out zero-shot top-1 %")
+
+
+PROBES: dict[str, Callable[[dict], Probe]] = {
+    "vit": _vit_probe, "clip": _clip_probe, "speech": _speech_probe, "lm": _lm_probe,
+}
 
 
 # -- measurement ----------------------------------------------------------------------------------

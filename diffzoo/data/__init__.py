@@ -1,6 +1,7 @@
 """diffzoo.data: data sets and Lightning DataModules.
 
-Images (embedded digits, folders, webdataset shards), speech (synthesised keywords, Speech Commands v2)
+Images (embedded digits, folders, webdataset shards), image-text pairs (embedded coloured digits with
+captions, ``{jpg,txt}`` webdataset shards), speech (synthesised keywords, Speech Commands v2)
 and text (memory-mapped token files, needle-retrieval contexts).
 
 Importing this package imports Lightning; :mod:`diffzoo` itself does not.
@@ -10,6 +11,16 @@ from .embedded import load_mnist_5k, mnist_5k_path
 from .folder import RobustImageFolder, find_classes, scan_images
 from .modules import DigitsDataModule, ImageFolderDataModule, ShardDataModule, epoch_sampler
 from .shards import ShardImageDataset, expand_urls
+from .image_text import (
+    ColoredDigits,
+    ColoredDigitsDataModule,
+    ImageTextShardDataModule,
+    ShardImageTextDataset,
+    colored_digit_splits,
+    imagenet_classnames,
+    write_image_text_shards,
+    zeroshot_folder,
+)
 from .needles import NeedleSample, make_needle_sample
 from .text import ByteTokenizer, TextDataModule, TokenWindows, load_tokens, pydoc_topics_text, tokenize_corpus
 from .speech import (
@@ -27,13 +38,17 @@ from .synth import Espeak, SynthConfig, load_or_synthesize
 __all__ = [
     "AudioError",
     "ByteTokenizer",
+    "ColoredDigits",
+    "ColoredDigitsDataModule",
     "DigitsDataModule",
     "Espeak",
     "ImageFolderDataModule",
+    "ImageTextShardDataModule",
     "NeedleSample",
     "RobustImageFolder",
     "ShardDataModule",
     "ShardImageDataset",
+    "ShardImageTextDataset",
     "SoundfileSpeechCommands",
     "SpeechCommandsDataModule",
     "SpeechCommandsKeywords",
@@ -43,9 +58,11 @@ __all__ = [
     "TextDataModule",
     "TokenWindows",
     "collate_audio",
+    "colored_digit_splits",
     "epoch_sampler",
     "expand_urls",
     "find_classes",
+    "imagenet_classnames",
     "load_audio",
     "load_mnist_5k",
     "load_or_synthesize",
@@ -55,4 +72,6 @@ __all__ = [
     "pydoc_topics_text",
     "scan_images",
     "tokenize_corpus",
+    "write_image_text_shards",
+    "zeroshot_folder",
 ]

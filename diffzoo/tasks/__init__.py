@@ -1,15 +1,20 @@
-"""diffzoo.tasks: LightningModules (image, speech and language-model training), retrieval evaluation, export.
+"""diffzoo.tasks: LightningModules (image, contrastive image-text, speech and language-model training),
+zero-shot and retrieval evaluation, export.
 
 Importing this package imports Lightning; :mod:`diffzoo` itself does not.
 """
 
+from .contrastive import ClipRunSummary, ContrastiveTask
 from .classification import ImageClassificationTask, warmup_cosine
 from .export import export_checkpoint, export_module, load_exported, read_metadata, save_safetensors
 from .lm import LanguageModelTask, LMRunSummary, export_lm, load_lm
 from .retrieval import attention_scores, evaluate_retrieval
 from .speech import SpeechClassificationTask
+from .zeroshot import load_clip, load_clip_weights, retrieval_recall, zero_shot_accuracy, zero_shot_classifier
 
 __all__ = [
+    "ClipRunSummary",
+    "ContrastiveTask",
     "ImageClassificationTask",
     "LMRunSummary",
     "LanguageModelTask",
@@ -19,9 +24,14 @@ __all__ = [
     "export_checkpoint",
     "export_lm",
     "export_module",
+    "load_clip",
+    "load_clip_weights",
     "load_exported",
     "load_lm",
     "read_metadata",
+    "retrieval_recall",
     "save_safetensors",
     "warmup_cosine",
+    "zero_shot_accuracy",
+    "zero_shot_classifier",
 ]

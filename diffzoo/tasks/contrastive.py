@@ -268,7 +268,7 @@ class ContrastiveTask(pl.LightningModule):
 class ClipRunSummary(RunSummary):
     """:class:`~diffzoo.tasks.callbacks.RunSummary` for CLIP: ``summary.json`` plus ``model.safetensors``
     holding the open_clip state dict (model name in the header), reloadable with
-    :func:`~diffzoo.tasks.zeroshot.create_clip` ``(name, checkpoint=path)``.
+    :func:`~diffzoo.tasks.zeroshot.load_clip` ``(name, checkpoint=path)``.
 
     Args:
         export: write ``model.safetensors``.
@@ -289,4 +289,4 @@ class ClipRunSummary(RunSummary):
                                 dict(pl_module.hparams.get("model_kwargs") or {}))
         self.summary["safetensors"] = str(path)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2))
-        print(f"weights: {path}\nreload: diffzoo.tasks.zeroshot.create_clip({name!r}, checkpoint={str(path)!r})", flush=True)
+        print(f"weights: {path}\nreload: diffzoo.tasks.zeroshot.load_clip({name!r}, checkpoint={str(path)!r})", flush=True)

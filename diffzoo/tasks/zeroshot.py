@@ -30,7 +30,7 @@ __all__ = [
     "caption_relevance",
     "check_model_name",
     "checkpoint_model_name",
-    "create_clip",
+    "load_clip",
     "encode_pairs",
     "load_clip_weights",
     "pair_retrieval",
@@ -54,7 +54,7 @@ def check_model_name(name: str) -> None:
     raise ValueError(f"unknown open_clip model {name!r}{hint}")
 
 
-def create_clip(
+def load_clip(
     model: str,
     pretrained: Optional[str] = None,
     checkpoint: Optional[PathLike] = None,
