@@ -80,6 +80,7 @@ FAMILIES: dict[str, Family] = {
         "vit", "ViT, embedded MNIST digits (10 classes)", "encoder",
         "diffvit_nano_patch7_28", "softvit_nano_patch7_28",
         (Metric("val/top1", "val top-1 %", scale=100),),
+        recipe_args=("--jobs", "{jobs}"),
     ),
     "clip": Family(
         "clip", "CLIP image + text towers, coloured digits", "encoders", "DiffCLIP-nano", "SoftCLIP-nano",

@@ -1,6 +1,6 @@
 """Differential vs softmax ViT at matched parameters on the embedded digits, several seeds.
 
-    OMP_NUM_THREADS=1 python -m recipes.vit_compare --seeds 0 1 2 [--plot docs/results/vit_digits_curves.png]
+    OMP_NUM_THREADS=1 python -m recipes.vit_compare --seeds 0 1 2 --jobs 2 [--plot docs/results/vit_digits_curves.png]
 
 Each run is ``python -m recipes.vit_imagenet`` with the default config (``configs/vit_digits.yaml``), one
 with ``diffvit_nano_patch7_28`` and one with ``softvit_nano_patch7_28`` per seed (the seed sets the
@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 MODELS = ("diffvit_nano_patch7_28", "softvit_nano_patch7_28")
@@ -93,6 +94,7 @@ def plot(runs: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time (one thread each)")
     p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
     p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
     args, extra = p.parse_known_args(argv)
@@ -106,14 +108,18 @@ def main(argv: list[str] | None = None) -> None:
         from diffzoo.layers import count_parameters
 
         params = {m: count_parameters(timm.create_model(m)) for m in MODELS}
-        runs = []
-        for seed in args.seeds:
-            for model in MODELS:
-                r = run_one(model, seed, extra)
-                r["params"] = params[model]
-                runs.append(r)
-                OUT.mkdir(parents=True, exist_ok=True)
-                results.write_text(json.dumps(runs, indent=1))
+        runs: list[dict] = []
+
+        def one(job: tuple[str, int]) -> None:
+            r = run_one(*job, extra)
+            r["params"] = params[r["model"]]
+            runs.append(r)
+            runs.sort(key=lambda r: (r["seed"], MODELS.index(r["model"])))
+            OUT.mkdir(parents=True, exist_ok=True)
+            results.write_text(json.dumps(runs, indent=1))
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each job is its own process
+            list(pool.map(one, [(m, s) for s in args.seeds for m in MODELS]))
     print(table(runs))
     print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
     if args.plot:
