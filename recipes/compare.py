@@ -42,6 +42,7 @@ class Metric:
     higher_is_better: bool = True
     scale: float = 1.0
     get: Optional[Callable[[dict], float]] = None  # for values not in summary.metrics
+    digits: int = 2  # decimals in the table
 
     def value(self, run: dict) -> float:
         if self.get is not None:
@@ -96,7 +97,7 @@ FAMILIES: dict[str, Family] = {
     ),
     "lm": Family(
         "lm", "causal LM, byte-level pydoc text", "decoder", "diff", "softmax",
-        (Metric("val/loss", "val loss (nats/byte)", higher_is_better=False),
+        (Metric("val/loss", "val loss (nats/byte)", higher_is_better=False, digits=3),
          Metric("retrieval", "needle retrieval %", scale=100, get=_lm_retrieval)),
         run_key="attn", recipe_args=("--parallel", "{jobs}"),
     ),
@@ -155,7 +156,7 @@ def compare_rows(family: Family, runs: list[dict]) -> list[dict]:
             diff_seeds=[r["seed"] for r in diff], soft_seeds=[r["seed"] for r in soft],
             diff_mean=dm, diff_sd=dsd, soft_mean=sm, soft_sd=ssd, delta=delta,
             delta_in_sd=delta / pooled if pooled > 0 else float("inf") * (1 if delta >= 0 else -1),
-            diff_better=better, beyond_spread=separated,
+            diff_better=better, beyond_spread=separated, digits=m.digits,
         ))
     return rows
 
@@ -173,11 +174,12 @@ def markdown_table(rows: list[dict]) -> str:
     for r in rows:
         arrow = "higher is better" if r["higher_is_better"] else "lower is better"
         verdict = ("yes, differential better" if r["diff_better"] else "yes, softmax better") if r["beyond_spread"] else "no"
+        f = f".{r.get('digits', 2)}f"
         lines.append(
             f"| {r['setting']} | {r['side']} | {r['metric']} ({arrow}) | "
             f"{_fmt_params(r['diff_params'])} / {_fmt_params(r['soft_params'])} | "
-            f"{r['diff_mean']:.2f} ± {r['diff_sd']:.2f} | {r['soft_mean']:.2f} ± {r['soft_sd']:.2f} | "
-            f"{r['delta']:+.2f} ({r['delta_in_sd']:+.1f} sd) | {verdict} | {len(r['diff_values'])} + {len(r['soft_values'])} |"
+            f"{r['diff_mean']:{f}} ± {r['diff_sd']:{f}} | {r['soft_mean']:{f}} ± {r['soft_sd']:{f}} | "
+            f"{r['delta']:+{f}} ({r['delta_in_sd']:+.1f} sd) | {verdict} | {len(r['diff_values'])} + {len(r['soft_values'])} |"
         )
     return "\n".join(lines)
 
