@@ -59,3 +59,37 @@ def test_lower_is_better_metric_and_missing_family(tmp_path, monkeypatch):
     assert retrieval["diff_values"] == pytest.approx([100.0, 75.0])
     assert study["missing"] == ["vit"]
     assert "recipes.vit_compare" in (tmp_path / "study" / "study.md").read_text()
+
+
+def test_analysis_of_exported_vit_runs(tmp_path, monkeypatch):
+    """--analysis end to end on two exported (untrained) nano ViTs: every measurement is filled in,
+    lambda only for the differential model, metric-vs-bits for each bit width, and the plots exist."""
+    import timm
+    import torch
+
+    import diffzoo.models  # noqa: F401  (registers the ViTs)
+    from diffzoo.tasks.export import save_safetensors
+    from recipes import compare_analysis
+
+    monkeypatch.setattr(compare_analysis, "PROBE", 8)
+    fam = compare.FAMILIES["vit"]
+    runs = []
+    for i, name in enumerate((fam.diff, fam.soft)):
+        torch.manual_seed(i)
+        model = timm.create_model(name, num_classes=10, in_chans=1, img_size=28)
+        path = save_safetensors(model.state_dict(), tmp_path / f"{name}.safetensors", name,
+                                {"num_classes": 10, "in_chans": 1, "img_size": 28})
+        runs.append({"model": name, "seed": 0, "summary": {"safetensors": str(path)}})
+    result = compare_analysis.analyse([fam], lambda f: runs, None, tmp_path / "plots")["vit"]
+    diff, soft = result["diff"][0], result["softmax"][0]
+    assert len(diff["lambdas"]) == 4 and soft["lambdas"] == []
+    for r in (diff, soft):
+        assert set(r["bits"]) == {"None", "8", "6", "4"}
+        assert all(0.0 <= v <= 100.0 for v in r["bits"].values())
+        assert 0.0 <= r["noise"]["negative"] <= 1.0 and r["noise"]["entropy"] > 0
+        assert r["outliers"]["logits"]["top1_ratio"] >= r["outliers"]["logits"]["topk_ratio"] >= 1.0
+    assert soft["noise"]["negative"] == 0.0  # softmax maps are never negative
+    for png in ("vit_diff_attention", "vit_softmax_attention", "vit_outliers", "vit_bits", "lambda_by_depth"):
+        assert (tmp_path / "plots" / f"analysis_{png}.png").stat().st_size > 1000
+    text = compare_analysis.markdown({"vit": result})
+    assert "| vit | diff | 1 |" in text and "| vit | val top-1 % | softmax |" in text
