@@ -18,22 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..analysis.maps import answer_share, effective_map
+
 from ..data.needles import NeedleSample, Tokenizer, make_needle_sample
 
-__all__ = ["attention_scores", "effective_map", "evaluate_retrieval"]
-
-
-def effective_map(maps: dict[str, Tensor]) -> Tensor:
-    """The attention a layer applies to its values: ``attn`` (softmax) or ``attn1 - lambda * attn2``.
-
-    ``lambda`` is a scalar (V1) or ``(B, H, N)`` per token and head (V2). Returns ``(B, H, Nq, Nk)``.
-    """
-    if "attn" in maps:
-        return maps["attn"]
-    lam = maps["lambda"].float()
-    if lam.dim() > 0:
-        lam = lam[..., None]  # (B, H, N, 1)
-    return maps["attn1"] - lam * maps["attn2"]
+__all__ = ["attention_scores", "evaluate_retrieval"]
 
 
 def attention_scores(
@@ -48,24 +37,19 @@ def attention_scores(
         noise: bool ``(B, Nk)``, the noise tokens ``Nz``.
 
     Returns:
-        ``(score_answer, score_noise)``, each fp32 ``(B,)``.
+        ``(score_answer, score_noise)``, each fp32 ``(B,)``: :func:`diffzoo.analysis.answer_share` of
+        each layer's :func:`~diffzoo.analysis.effective_map`, mean over heads, then over layers.
     """
     if not maps:
         raise ValueError("no attention maps given")
-    q = query.float()
-    if bool((q.sum(-1) == 0).any()):
+    if bool((query.sum(-1) == 0).any()):
         raise ValueError("every sample needs at least one query token")
-    per_layer_ans, per_layer_noise = [], []
+    ans, nz = [], []
     for m in maps:
         a = effective_map(m).float()  # (B, H, Nq, Nk)
-        row = a.sum(-1)  # (B, H, Nq): 1 for softmax, 1 - lambda for differential maps
-        weight = q[:, None, :] / q.sum(-1)[:, None, None]  # mean over the query tokens
-        row = torch.where(weight > 0, row, 1.0)  # rows outside G may be empty: never divide by them
-        ans = (a * answer[:, None, None, :].float()).sum(-1) / row
-        nz = (a * noise[:, None, None, :].float()).sum(-1) / row
-        per_layer_ans.append((ans * weight).sum(-1).mean(-1))  # (B,): query mean, then head mean
-        per_layer_noise.append((nz * weight).sum(-1).mean(-1))
-    return torch.stack(per_layer_ans).mean(0), torch.stack(per_layer_noise).mean(0)
+        ans.append(answer_share(a, query, answer).mean(-1))  # (B,)
+        nz.append(answer_share(a, query, noise).mean(-1))
+    return torch.stack(ans).mean(0), torch.stack(nz).mean(0)
 
 
 def _masks(samples: list[NeedleSample]) -> tuple[Tensor, Tensor, Tensor]:
