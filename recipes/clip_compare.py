@@ -14,14 +14,11 @@ sample standard deviation, per seed) is printed as markdown and saved with the c
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
-import subprocess
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from recipes._study import read_run, recipe_command, run_jobs, train
 
 MODELS = ("DiffCLIP-nano", "SoftCLIP-nano")
 OUT = Path("outputs/clip_compare")
@@ -33,22 +30,9 @@ COLUMNS = (("val/zs_top1", "zero-shot top-1 (held-out pairs)"), ("val/zs_pair", 
 def run_one(model: str, seed: int, extra: list[str]) -> dict:
     """Train one model with one seed in a fresh process; returns its summary and per-epoch curves."""
     name = f"{model}_seed{seed}"
-    cmd = [
-        sys.executable, "-m", "recipes.clip", "--model.model", model, "--seed_everything", str(seed),
-        "--data.init_args.seed", str(seed), "--trainer.logger.init_args.save_dir", str(OUT),
-        "--trainer.logger.init_args.name", name, "--trainer.enable_progress_bar", "false", *extra,
-    ]
-    start = time.time()
-    subprocess.run(cmd, check=True)
-    log_dir = sorted((OUT / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-    summary = json.loads((log_dir / "summary.json").read_text())
-    curves: dict[str, list[float]] = {key: [] for key in CURVES}
-    with open(log_dir / "metrics.csv") as f:
-        for row in csv.DictReader(f):
-            for key in curves:
-                if row.get(key):
-                    curves[key].append(float(row[key]))
-    return {"model": model, "seed": seed, "seconds": time.time() - start, "summary": summary, "curves": curves}
+    args = ["--model.model", model, "--seed_everything", str(seed), "--data.init_args.seed", str(seed), *extra]
+    seconds = train(recipe_command("recipes.clip", OUT, name, args), OUT / f"{name}.log")
+    return {"model": model, "seed": seed, "seconds": seconds, **read_run(OUT / name, CURVES)}
 
 
 def table(runs: list[dict]) -> str:
@@ -126,18 +110,10 @@ def main(argv: list[str] | None = None) -> None:
         runs = json.loads(results.read_text())
     else:
         params = {m: count_params(m) for m in MODELS}
-        runs: list[dict] = []
-
-        def one(job: tuple[str, int]) -> None:
-            r = run_one(*job, extra)
-            r["params"] = params[r["model"]]
-            runs.append(r)
-            runs.sort(key=lambda r: (r["seed"], MODELS.index(r["model"])))
-            OUT.mkdir(parents=True, exist_ok=True)
-            results.write_text(json.dumps(runs, indent=1))
-
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each job is its own process
-            list(pool.map(one, [(m, s) for s in args.seeds for m in MODELS]))
+        OUT.mkdir(parents=True, exist_ok=True)
+        jobs = [(m, s) for s in args.seeds for m in MODELS]
+        runs = run_jobs(jobs, lambda job: {**run_one(*job, extra), "params": params[job[0]]}, args.jobs,
+                        lambda done: results.write_text(json.dumps(done, indent=1)))
     print(table(runs))
     print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
     if args.plot:

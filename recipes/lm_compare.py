@@ -14,14 +14,12 @@ printed as markdown and everything is saved in ``outputs/lm_compare/results.json
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from recipes._study import read_run, recipe_command, run_jobs, train
 
 ATTNS = ("diff", "softmax")
 OUT = Path("outputs/lm_compare")
@@ -30,24 +28,10 @@ OUT = Path("outputs/lm_compare")
 def train_one(attn: str, seed: int, extra: list[str]) -> dict:
     """Train one model in a fresh process; returns its summary and validation curve."""
     name = f"{attn}_seed{seed}"
-    cmd = [
-        sys.executable, "-m", "recipes.lm", "--model.attn", attn, "--seed_everything", str(seed),
-        "--data.seed", str(seed), "--trainer.logger.init_args.save_dir", str(OUT),
-        "--trainer.logger.init_args.name", name, "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", *extra,
-    ]
-    start = time.time()
-    with open(OUT / f"{name}.log", "w") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    log_dir = sorted((OUT / name).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))[-1]
-    summary = json.loads((log_dir / "summary.json").read_text())
-    curves: dict[str, list[list[float]]] = {"val/loss": [], "train/loss_step": []}
-    with open(log_dir / "metrics.csv") as f:
-        for row in csv.DictReader(f):
-            for key in curves:
-                if row.get(key):
-                    curves[key].append([int(row["step"]), float(row[key])])
-    return {"attn": attn, "seed": seed, "seconds": time.time() - start, "summary": summary, "curves": curves}
+    args = ["--model.attn", attn, "--seed_everything", str(seed), "--data.seed", str(seed), *extra]
+    seconds = train(recipe_command("recipes.lm", OUT, name, args), OUT / f"{name}.log")
+    run = read_run(OUT / name, ("val/loss", "train/loss_step"), steps=True)
+    return {"attn": attn, "seed": seed, "seconds": seconds, **run}
 
 
 def _stats(values: list[float]) -> str:
@@ -145,8 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = json.loads(results.read_text())
     else:
         jobs = [(attn, seed) for seed in args.seeds for attn in ATTNS]
-        with ThreadPoolExecutor(args.parallel) as pool:
-            runs = list(pool.map(lambda job: train_one(*job, extra), jobs))
+        runs = run_jobs(jobs, lambda job: train_one(*job, extra), args.parallel)
         results.write_text(json.dumps(runs, indent=1))
     if not args.from_results:
         from recipes.lm_retrieval import evaluate_weights

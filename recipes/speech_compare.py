@@ -15,14 +15,13 @@ Extra arguments go to every run (e.g. ``--trainer.max_epochs 6``).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from recipes._study import read_run, recipe_command, run_jobs, train
 
 MODELS = ("diffkwt_nano", "softkwt_nano")
 OUT = Path("outputs/speech_compare")
@@ -31,54 +30,29 @@ CURVES = ("val/top1", "val/loss", "train/loss_epoch")
 
 def command(model: str, seed: int, extra: list[str]) -> list[str]:
     """The recipe command line of one run."""
-    return [
-        sys.executable, "-m", "recipes.speech_commands", "--model.model", model, "--seed_everything", str(seed),
-        "--data.init_args.seed", str(seed), "--trainer.logger.init_args.save_dir", str(OUT),
-        "--trainer.logger.init_args.name", f"{model}_seed{seed}", "--trainer.enable_progress_bar", "false",
-        "--trainer.enable_model_summary", "false", *extra,
-    ]
+    args = ["--model.model", model, "--seed_everything", str(seed), "--data.init_args.seed", str(seed), *extra]
+    return recipe_command("recipes.speech_commands", OUT, f"{model}_seed{seed}", args)
 
 
 def collect(model: str, seed: int) -> dict:
     """Summary and per-epoch curves of the latest run of ``model`` / ``seed``."""
-    folder = OUT / f"{model}_seed{seed}"
-    log_dir = max(folder.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    curves: dict[str, list[float]] = {k: [] for k in CURVES}
-    with open(log_dir / "metrics.csv") as f:
-        for row in csv.DictReader(f):
-            for key in curves:
-                if row.get(key):
-                    curves[key].append(float(row[key]))
-    return {"model": model, "seed": seed, "summary": json.loads((log_dir / "summary.json").read_text()),
-            "curves": curves}
+    return {"model": model, "seed": seed, **read_run(OUT / f"{model}_seed{seed}", CURVES)}
 
 
 def run_all(seeds: list[int], extra: list[str], jobs: int) -> list[dict]:
     """Train every (seed, model) pair, ``jobs`` at a time, each in a fresh process."""
-    pending = [(m, s) for s in seeds for m in MODELS]
-    running: list[tuple[subprocess.Popen, str, int, float]] = []
-    runs: list[dict] = []
-    while pending or running:
-        while pending and len(running) < jobs:
-            m, s = pending.pop(0)
-            log = open(OUT / f"{m}_seed{s}.log", "w")
-            proc = subprocess.Popen(command(m, s, extra), stdout=log, stderr=subprocess.STDOUT)
-            running.append((proc, m, s, time.time()))
-        time.sleep(2)
-        for item in list(running):
-            proc, m, s, start = item
-            if proc.poll() is None:
-                continue
-            running.remove(item)
-            if proc.returncode:
-                raise RuntimeError(f"{m} seed {s} failed (exit {proc.returncode}); see {OUT / f'{m}_seed{s}.log'}")
-            r = collect(m, s)
-            r["seconds"] = time.time() - start
-            runs.append(r)
-            (OUT / "results.json").write_text(json.dumps(runs, indent=1))
-            print(f"done: {m} seed {s}: test top-1 {100 * r['summary']['metrics'].get('test/top1', float('nan')):.2f} %"
-                  f" ({r['seconds']:.0f} s)", flush=True)
-    return runs
+
+    def one(job: tuple[str, int]) -> dict:
+        m, s = job
+        seconds = train(command(m, s, extra), OUT / f"{m}_seed{s}.log")
+        r = {**collect(m, s), "seconds": seconds}
+        print(f"done: {m} seed {s}: test top-1 {100 * r['summary']['metrics'].get('test/top1', float('nan')):.2f} %"
+              f" ({seconds:.0f} s)", flush=True)
+        return r
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    return run_jobs([(m, s) for s in seeds for m in MODELS], one, jobs,
+                    lambda done: (OUT / "results.json").write_text(json.dumps(done, indent=1)))
 
 
 def table(runs: list[dict]) -> str:
