@@ -71,3 +71,38 @@ def run_jobs(jobs: Sequence, run: Callable, parallel: int, on_result: Callable[[
     with ThreadPoolExecutor(max(1, parallel)) as pool:
         list(pool.map(one, range(len(jobs))))
     return [done[i] for i in range(len(jobs))]
+
+
+def compare_main(
+    argv: Sequence[str] | None, doc: str, out: Path, models: Sequence[str], run_one: Callable[..., dict],
+    count_params: Callable[[str], int], table: Callable[[list], str], plot: Callable[[list, Path], None],
+) -> list[dict]:
+    """The command line of a two-model comparison: ``--seeds``, ``--jobs``, ``--plot``, ``--from-results``;
+    other arguments go to every training. Trains every (seed, model) with ``run_one(model, seed, extra)``
+    (or reads ``out/results.json``), prints ``table(runs)`` and draws ``plot(runs, path)``."""
+    import argparse
+    import statistics
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time (one thread each)")
+    p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
+    p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
+    args, extra = p.parse_known_args(argv)
+    results = out / "results.json"
+    if args.from_results:
+        if not results.is_file():
+            p.error(f"{results} does not exist; run without --from-results first")
+        runs = json.loads(results.read_text())
+    else:
+        params = {m: count_params(m) for m in models}
+        out.mkdir(parents=True, exist_ok=True)
+        jobs = [(m, s) for s in args.seeds for m in models]
+        runs = run_jobs(jobs, lambda job: {**run_one(*job, extra), "params": params[job[0]]}, args.jobs,
+                        lambda done: results.write_text(json.dumps(done, indent=1)))
+    print(table(runs))
+    print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
+    if args.plot:
+        plot(runs, args.plot)
+        print(f"curves: {args.plot}")
+    return runs

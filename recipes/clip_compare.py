@@ -13,12 +13,10 @@ sample standard deviation, per seed) is printed as markdown and saved with the c
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from pathlib import Path
 
-from recipes._study import read_run, recipe_command, run_jobs, train
+from recipes._study import compare_main, read_run, recipe_command, train
 
 MODELS = ("DiffCLIP-nano", "SoftCLIP-nano")
 OUT = Path("outputs/clip_compare")
@@ -96,29 +94,8 @@ def count_params(model: str) -> int:
     return sum(p.numel() for p in open_clip.create_model(model).parameters())
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time (one thread each)")
-    p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
-    p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
-    args, extra = p.parse_known_args(argv)
-    results = OUT / "results.json"
-    if args.from_results:
-        if not results.is_file():
-            p.error(f"{results} does not exist; run without --from-results first")
-        runs = json.loads(results.read_text())
-    else:
-        params = {m: count_params(m) for m in MODELS}
-        OUT.mkdir(parents=True, exist_ok=True)
-        jobs = [(m, s) for s in args.seeds for m in MODELS]
-        runs = run_jobs(jobs, lambda job: {**run_one(*job, extra), "params": params[job[0]]}, args.jobs,
-                        lambda done: results.write_text(json.dumps(done, indent=1)))
-    print(table(runs))
-    print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
-    if args.plot:
-        plot(runs, args.plot)
-        print(f"curves: {args.plot}")
+def main(argv: list[str] | None = None) -> list[dict]:
+    return compare_main(argv, __doc__, OUT, MODELS, run_one, count_params, table, plot)
 
 
 if __name__ == "__main__":
