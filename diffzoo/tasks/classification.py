@@ -7,16 +7,16 @@ optional weight EMA from ``timm.utils.ModelEmaV3``, top-1/top-5 from torchmetric
 from __future__ import annotations
 
 import math
-import random
 from typing import Any, Optional
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
+
+from .resume import RestoresRNG
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -27,7 +27,7 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class ImageClassificationTask(pl.LightningModule):
+class ImageClassificationTask(RestoresRNG, pl.LightningModule):
     """Train a timm-registered classifier (``diffvit_*``, ``softvit_*`` or any timm model).
 
     Args:
@@ -180,21 +180,3 @@ class ImageClassificationTask(pl.LightningModule):
             opt, lambda step: warmup_cosine(step, max(1, warmup), total, hp.min_lr_ratio)
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    # -- exact resume --------------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # Plain tensors and tuples only, so Lightning's weights_only checkpoint loading accepts them.
-        name, keys, pos, has_gauss, cached = np.random.get_state()
-        checkpoint["rng_states"] = {
-            "torch": torch.get_rng_state(),
-            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
-            "python": random.getstate(),
-        }
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        states = checkpoint.get("rng_states")
-        if states:
-            torch.set_rng_state(states["torch"])
-            name, keys, pos, has_gauss, cached = states["numpy"]
-            np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-            random.setstate(states["python"])

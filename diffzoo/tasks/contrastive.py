@@ -25,8 +25,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from .callbacks import RunSummary
-from .classification import ImageClassificationTask, warmup_cosine
+from .classification import warmup_cosine
 from .export import save_safetensors
+from .resume import RestoresRNG
 from .zeroshot import check_model_name, load_clip_weights, pair_retrieval, topk_hits, zero_shot_classifier
 
 MAX_LOGIT_SCALE = math.log(100.0)
@@ -41,7 +42,7 @@ def split_clip_output(out: Any) -> tuple[Tensor, Tensor, Tensor]:
     return out[0], out[1], out[2]
 
 
-class ContrastiveTask(pl.LightningModule):
+class ContrastiveTask(RestoresRNG, pl.LightningModule):
     """Train an open_clip-registered model (``DiffCLIP-*``, ``SoftCLIP-*`` or any open_clip config).
 
     Batches: ``(images, tokens)`` for training. Validation loaders may give ``(images, tokens)`` pairs
@@ -260,9 +261,6 @@ class ContrastiveTask(pl.LightningModule):
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, warmup, total, hp.min_lr_ratio))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-    # -- exact resume: the RNG states travel with the checkpoint, as for the classifiers -------
-    on_save_checkpoint = ImageClassificationTask.on_save_checkpoint
-    on_load_checkpoint = ImageClassificationTask.on_load_checkpoint
 
 
 class ClipRunSummary(RunSummary):

@@ -20,11 +20,12 @@ from torchmetrics import MeanMetric
 from ..models.lm import LM_PRESETS, CausalLM, LMConfig
 from .classification import ImageClassificationTask, warmup_cosine
 from .export import save_safetensors
+from .resume import RestoresRNG
 
 __all__ = ["LMRunSummary", "LanguageModelTask", "export_lm", "load_lm"]
 
 
-class LanguageModelTask(pl.LightningModule):
+class LanguageModelTask(RestoresRNG, pl.LightningModule):
     """Train a :class:`~diffzoo.models.lm.CausalLM` on next-token prediction.
 
     Args:
@@ -90,8 +91,6 @@ class LanguageModelTask(pl.LightningModule):
 
     # The classification task's weight-decay groups and RNG-state checkpoint hooks apply unchanged.
     param_groups = ImageClassificationTask.param_groups
-    on_save_checkpoint = ImageClassificationTask.on_save_checkpoint
-    on_load_checkpoint = ImageClassificationTask.on_load_checkpoint
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
