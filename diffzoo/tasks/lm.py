@@ -89,7 +89,7 @@ class LanguageModelTask(RestoresRNG, pl.LightningModule):
 
     on_test_epoch_end = on_validation_epoch_end
 
-    # The classification task's weight-decay groups and RNG-state checkpoint hooks apply unchanged.
+    # The classification task's weight-decay groups apply unchanged.
     param_groups = ImageClassificationTask.param_groups
 
     def configure_optimizers(self) -> dict[str, Any]:
