@@ -217,14 +217,10 @@ class DiffVisionTower(nn.Module):
         self.trunk = VisionTransformer(
             img_size=self.image_size, patch_size=patch_size, in_chans=in_chans, num_classes=0, global_pool="token",
             embed_dim=width, depth=layers, num_heads=width // head_width, attn=cfg.attn, head_dim=cfg.head_dim,
-            mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, lambda_init=cfg.lambda_init, proj_drop_rate=cfg.proj_drop,
+            mlp_ratio=mlp_ratio, act_layer=cfg.act_layer(quick_gelu), qkv_bias=cfg.qkv_bias, lambda_init=cfg.lambda_init, proj_drop_rate=cfg.proj_drop,
             attn_drop_rate=cfg.attn_drop, drop_path_rate=cfg.drop_path_rate, layer_scale_init=ls_init_value,
             norm_eps=cfg.norm_eps, backend=cfg.backend,
         )
-        act = cfg.act_layer(quick_gelu)
-        if act is not nn.GELU:  # VisionTransformer takes no activation argument: swap the MLP activations
-            for blk in self.trunk.blocks:
-                blk.mlp.act = act()
         self.proj = nn.Parameter(width ** -0.5 * torch.randn(width, embed_dim))
         self._own_preprocess = dict(cfg.preprocess_cfg or {})
         self._preprocess: dict[str, Any] = {}

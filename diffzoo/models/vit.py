@@ -24,7 +24,7 @@ Weights saved as safetensors (or a Lightning checkpoint) reload through timm::
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -69,6 +69,7 @@ class VisionTransformer(nn.Module):
         attn: ``"diff"``, ``"softmax"`` or ``"diff_v2"``.
         head_dim: differential query/key width; required for an odd ``num_heads`` (ViT-Ti: 3 heads).
         mlp_ratio: feed-forward hidden width relative to ``embed_dim``.
+        act_layer: activation of the feed-forward (GELU as in ViT; CLIP towers may use QuickGELU).
         qkv_bias: bias on the q/k/v projections (on in ViT, like timm).
         lambda_init: constant ``lambda_init``; None uses the paper's depth schedule.
         class_token: prepend a learnable class token.
@@ -95,6 +96,7 @@ class VisionTransformer(nn.Module):
         attn: Literal["diff", "softmax", "diff_v2"] = "diff",
         head_dim: Optional[int] = None,
         mlp_ratio: float = 4.0,
+        act_layer: Callable[[], nn.Module] = nn.GELU,
         qkv_bias: bool = True,
         lambda_init: Optional[float] = None,
         class_token: bool = True,
@@ -130,7 +132,7 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.Sequential(*[
             Block(
                 embed_dim, num_heads, attn=attn, head_dim=head_dim if attn == "diff" else None,
-                mlp_ratio=mlp_ratio, depth=i, lambda_init=lambda_init, qkv_bias=qkv_bias,
+                mlp_ratio=mlp_ratio, act_layer=act_layer, depth=i, lambda_init=lambda_init, qkv_bias=qkv_bias,
                 attn_drop=attn_drop_rate, proj_drop=proj_drop_rate, drop_path=dpr[i],
                 layer_scale_init=layer_scale_init, norm_eps=norm_eps, backend=backend,
             )
