@@ -77,14 +77,17 @@ def compare_main(
     argv: Sequence[str] | None, doc: str, out: Path, models: Sequence[str], run_one: Callable[..., dict],
     count_params: Callable[[str], int], table: Callable[[list], str], plot: Callable[[list, Path], None],
 ) -> list[dict]:
-    """The command line of a two-model comparison: ``--seeds``, ``--jobs``, ``--plot``, ``--from-results``;
-    other arguments go to every training. Trains every (seed, model) with ``run_one(model, seed, extra)``
-    (or reads ``out/results.json``), prints ``table(runs)`` and draws ``plot(runs, path)``."""
+    """The command line of a comparison: ``--seeds``, ``--models`` (default ``models``), ``--jobs``,
+    ``--plot``, ``--from-results``; other arguments go to every training. Trains every (seed, model) with
+    ``run_one(model, seed, extra)``, prints ``table(runs)`` and draws ``plot(runs, path)``.
+    ``out/results.json`` keeps the runs of other (model, seed) pairs from earlier calls, so a model can
+    be added to a finished comparison."""
     import argparse
     import statistics
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--models", nargs="+", default=list(models), help="models trained (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time (one thread each)")
     p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
     p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
@@ -95,11 +98,13 @@ def compare_main(
             p.error(f"{results} does not exist; run without --from-results first")
         runs = json.loads(results.read_text())
     else:
-        params = {m: count_params(m) for m in models}
+        params = {m: count_params(m) for m in args.models}
         out.mkdir(parents=True, exist_ok=True)
-        jobs = [(m, s) for s in args.seeds for m in models]
-        runs = run_jobs(jobs, lambda job: {**run_one(*job, extra), "params": params[job[0]]}, args.jobs,
-                        lambda done: results.write_text(json.dumps(done, indent=1)))
+        jobs = [(m, s) for s in args.seeds for m in args.models]
+        kept = [r for r in (json.loads(results.read_text()) if results.is_file() else [])
+                if (r["model"], r["seed"]) not in jobs]
+        runs = kept + run_jobs(jobs, lambda job: {**run_one(*job, extra), "params": params[job[0]]}, args.jobs,
+                               lambda done: results.write_text(json.dumps(kept + done, indent=1)))
     print(table(runs))
     print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
     if args.plot:

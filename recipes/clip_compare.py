@@ -9,6 +9,9 @@ the training order; the split and the colouring are fixed). Runs go to ``outputs
 the table (held-out-pair zero-shot top-1, colour-swap pair accuracy and seen-pair retrieval R@1: mean,
 sample standard deviation, per seed) is printed as markdown and saved with the curves in
 ``outputs/clip_compare/results.json``. Extra arguments go to every run (``--trainer.max_epochs 2``).
+
+``--models DiffCLIPdagger-nano`` adds the model with a differential image tower and a softmax text tower
+(DiffCLIP-dagger) to a finished comparison; the runs already in results.json are kept.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from recipes._study import compare_main, read_run, recipe_command, train
 
-MODELS = ("DiffCLIP-nano", "SoftCLIP-nano")
+MODELS = ("DiffCLIP-nano", "SoftCLIP-nano")  # trained by default
+EXTRA = ("DiffCLIPdagger-nano",)  # differential image tower only: --models DiffCLIPdagger-nano
 OUT = Path("outputs/clip_compare")
 CURVES = ("val/zs_top1", "val/zs_pair", "val/i2t_r1", "val/t2i_r1", "val/loss", "train/loss_epoch")
 COLUMNS = (("val/zs_top1", "zero-shot top-1 (held-out pairs)"), ("val/zs_pair", "pair vs colour-swapped"),
@@ -37,7 +41,7 @@ def table(runs: list[dict]) -> str:
     """Markdown table of the final metrics per model: mean ± sample std, then the per-seed values."""
     head = "| model | params | seeds | " + " | ".join(f"{label} % (mean ± std)" for _, label in COLUMNS) + " | per seed (zs top-1 / i2t R@1) |"
     lines = [head, "|" + "---|" * (len(COLUMNS) + 4)]
-    for model in MODELS:
+    for model in MODELS + EXTRA:
         mine = [r for r in runs if r["model"] == model]
         if not mine:
             continue
@@ -66,7 +70,7 @@ def plot(runs: list[dict], path: Path) -> None:
     panels = (("val/zs_top1", "held-out zero-shot top-1 (%)", 100), ("val/i2t_r1", "i2t R@1 (%)", 100),
               ("train/loss_epoch", "training loss", 1))
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), dpi=90)
-    for model, color in zip(MODELS, ("tab:red", "tab:blue")):
+    for model, color in zip(MODELS + EXTRA, ("tab:red", "tab:blue", "tab:orange")):
         for ax, (key, label, scale) in zip(axes, panels):
             ys = [r["curves"][key] for r in runs if r["model"] == model and r["curves"].get(key)]
             if not ys:

@@ -16,7 +16,7 @@ from diffzoo.models import clip as C
 from diffzoo.models.clip_convert import convert_diffclip_state_dict, load_diffclip_checkpoint, unwrap_state_dict
 
 VIT_B = ["DiffCLIP-ViT-B-16", "DiffCLIPstar-ViT-B-16", "DiffCLIPdagger-ViT-B-16", "SoftCLIP-ViT-B-16"]
-NANO = ["DiffCLIP-nano", "SoftCLIP-nano"]
+NANO = ["DiffCLIP-nano", "DiffCLIPdagger-nano", "SoftCLIP-nano"]
 SOT, EOT = 49406, 49407
 
 
@@ -89,7 +89,7 @@ def test_factory_builds_vit_b_on_meta(name: str) -> None:
     assert type(v.trunk.blocks[0].mlp.act) is torch.nn.GELU
 
 
-@pytest.mark.parametrize("diff, soft", [(n, "SoftCLIP-ViT-B-16") for n in VIT_B[:3]] + [("DiffCLIP-nano", "SoftCLIP-nano")])
+@pytest.mark.parametrize("diff, soft", [(n, "SoftCLIP-ViT-B-16") for n in VIT_B[:3]] + [(n, "SoftCLIP-nano") for n in NANO[:2]])
 def test_pairs_are_parameter_matched(diff: str, soft: str) -> None:
     rel = check_matched(C.create_clip(soft, device="meta"), C.create_clip(diff, device="meta"))
     assert 0 < rel < 0.005

@@ -93,3 +93,29 @@ def test_analysis_of_exported_vit_runs(tmp_path, monkeypatch):
         assert (tmp_path / "plots" / f"analysis_{png}.png").stat().st_size > 1000
     text = compare_analysis.markdown({"vit": result})
     assert "| vit | diff | 1 |" in text and "| vit | val top-1 % | softmax |" in text
+
+
+def test_compare_main_adds_a_model_and_keeps_earlier_runs(tmp_path, capsys):
+    from recipes._study import compare_main
+
+    calls = []
+
+    def run_one(model, seed, extra):
+        calls.append((model, seed, tuple(extra)))
+        return {"model": model, "seed": seed, "seconds": 1.0, "summary": {}, "curves": {}}
+
+    def table(runs):
+        return "\n".join(f"{r['model']}:{r['seed']}:{r.get('tag', 'new')}" for r in runs)
+
+    out = tmp_path / "study"
+    out.mkdir()
+    old = [{"model": m, "seed": s, "seconds": 2.0, "tag": "old"} for m in ("a", "b") for s in (0, 1)]
+    (out / "results.json").write_text(json.dumps(old))
+    runs = compare_main(["--models", "c", "b", "--seeds", "1", "--jobs", "2", "--trainer.max_epochs", "1"],
+                        "doc", out, ("a", "b"), run_one, lambda m: 7, table, lambda runs, path: None)
+    assert sorted(calls) == [("b", 1, ("--trainer.max_epochs", "1")), ("c", 1, ("--trainer.max_epochs", "1"))]
+    saved = json.loads((out / "results.json").read_text())
+    assert {(r["model"], r["seed"], r.get("tag", "new")) for r in saved} == {
+        ("a", 0, "old"), ("a", 1, "old"), ("b", 0, "old"), ("b", 1, "new"), ("c", 1, "new")}
+    assert len(runs) == 5 and all(r["params"] == 7 for r in runs if r.get("tag") is None)
+    assert "c:1:new" in capsys.readouterr().out

@@ -42,7 +42,8 @@ values a caller forces (``image_mean=...``) still win.
 Names: ``DiffCLIP-ViT-B-16`` (both towers differential, constant ``lambda_init`` 0.8),
 ``DiffCLIPstar-ViT-B-16`` (the depth schedule of ``lambda_init``), ``DiffCLIPdagger-ViT-B-16``
 (differential image tower, softmax text tower), ``SoftCLIP-ViT-B-16`` (the matched softmax CLIP) and
-``DiffCLIP-nano`` / ``SoftCLIP-nano`` (32x32 images and short captions, the CPU default).
+``DiffCLIP-nano`` / ``DiffCLIPdagger-nano`` / ``SoftCLIP-nano`` (32x32 images and short captions, the
+CPU default).
 """
 
 from __future__ import annotations
