@@ -10,9 +10,9 @@ attention, before the mask)::
                       or over the whole call                                           (granularity="tensor")
     deq(s) = round(s / absmax * qmax) * absmax / qmax          (symmetric, round half to even)
 
-so ``|s - deq(s)| <= absmax / qmax / 2``. Then ``softmax(deq(s) + M)`` as the reference backend (for
-differential attention in both branches; DiffAttentionV2 and softmax attention go through the same
-quantised softmax kernel). Gradients pass straight through the rounding (``d deq / d s = 1``).
+so ``|s - deq(s)| <= absmax / qmax / 2``. Then ``softmax(deq(s) + M)``: the reference backend with
+the quantisation as its score hook (for differential attention in both branches; DiffAttentionV2 and
+softmax attention go through the reference softmax attention). Gradients pass straight through the rounding (``d deq / d s = 1``).
 
 Use::
 
@@ -32,11 +32,9 @@ import contextvars
 from typing import Any, Callable, Iterator, Literal, Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels import Backend, register_backend, use_backend
-from ..kernels._masks import check_attention_inputs, prepare_mask
+from ..kernels import Backend, reference, register_backend, use_backend
 
 __all__ = [
     "BACKEND_NAME",
@@ -97,70 +95,31 @@ def attention_logits(q: Tensor, k: Tensor, differential: bool, scale: Optional[f
 
     ``differential=True``: kernel layout of :func:`diffzoo.kernels.diff_attention` (query head ``2i + b``
     meets key head ``2g + b`` of its group, ``b`` the branch). Otherwise standard grouped-query heads
-    (also DiffAttentionV2, whose ``2H`` query heads share the key heads).
+    (also DiffAttentionV2, whose ``2H`` query heads share the key heads). The reference backend's logits.
     """
-    B, Hq, Nq, d = q.shape
-    scale = d**-0.5 if scale is None else scale
     if differential:
-        H, Hkv = Hq // 2, k.shape[1] // 2
-        qf = q.float().reshape(B, H, 2, Nq, d)
-        kf = k.float().reshape(B, Hkv, 2, -1, d).repeat_interleave(H // Hkv, dim=1)
-        return ((qf @ kf.transpose(-1, -2)) * scale).reshape(B, Hq, Nq, -1)
-    kf = k.float().repeat_interleave(Hq // k.shape[1], dim=1)
-    return (q.float() @ kf.transpose(-1, -2)) * scale
+        s = reference.diff_attention_logits(q, k, scale)  # (B, H, 2, Nq, Nk)
+        return s.reshape(s.shape[0], -1, *s.shape[-2:])
+    return reference.attention_logits(q, k, scale)
 
 
-def _softmax_lowbit(
-    s: Tensor, attn_mask, key_padding_mask, causal: bool, Nq: int, Nk: int, pairs: bool
-) -> Tensor:
-    """Quantise ``s (B, H[, 2], Nq, Nk)`` under the current settings, mask, softmax (fp32)."""
+def _quantize_logits(s: Tensor, allowed: Optional[Tensor]) -> Tensor:
+    """The reference backend's score hook: quantise under the settings in force."""
     bits, granularity = _SETTINGS.get()
-    m = prepare_mask(attn_mask, key_padding_mask, causal, Nq, Nk, s.device)
-    bias, row_valid = m.bias, m.row_valid
-    if pairs:  # (B, H, 2, Nq, Nk): both branches share the mask
-        bias = None if bias is None else bias.unsqueeze(2)
-        row_valid = None if row_valid is None else row_valid.unsqueeze(2)
-    allowed = None if bias is None else torch.isfinite(bias)
-    if allowed is not None and row_valid is not None:
-        allowed = allowed & row_valid
-    s = absmax_quantize(s, bits, allowed, granularity)
-    a = torch.softmax(s if bias is None else s + bias, dim=-1)
-    return a if row_valid is None else a * row_valid
+    return absmax_quantize(s, bits, allowed, granularity)
 
 
-def diff_attention_lowbit(
-    q: Tensor, k: Tensor, v: Tensor, lam: Tensor, *, attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None, causal: bool = False, scale: Optional[float] = None,
-    dropout_p: float = 0.0,
-) -> Tensor:
+def diff_attention_lowbit(q: Tensor, k: Tensor, v: Tensor, lam: Tensor, **kwargs: Any) -> Tensor:
     """The reference differential attention with absmax-quantised logits in both branches.
 
     Same signature and layouts as :func:`diffzoo.kernels.reference.diff_attention_reference`.
     """
-    B, H, Hkv, Nq, Nk = check_attention_inputs(
-        q, k, v, differential=True, attn_mask=attn_mask, key_padding_mask=key_padding_mask
-    )
-    s = attention_logits(q, k, True, scale).reshape(B, H, 2, Nq, Nk)
-    a = _softmax_lowbit(s, attn_mask, key_padding_mask, causal, Nq, Nk, pairs=True)
-    p = a[:, :, 0] - lam.float() * a[:, :, 1]
-    if dropout_p > 0.0:
-        p = F.dropout(p, dropout_p)
-    return (p @ v.float().repeat_interleave(H // Hkv, dim=1)).to(q.dtype)
+    return reference.diff_attention_reference(q, k, v, lam, score_hook=_quantize_logits, **kwargs)
 
 
-def attention_lowbit(
-    q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None, causal: bool = False, scale: Optional[float] = None,
-    dropout_p: float = 0.0,
-) -> Tensor:
+def attention_lowbit(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
     """The reference softmax attention with absmax-quantised logits (also the kernel of DiffAttentionV2)."""
-    B, H, Hkv, Nq, Nk = check_attention_inputs(
-        q, k, v, differential=False, attn_mask=attn_mask, key_padding_mask=key_padding_mask
-    )
-    a = _softmax_lowbit(attention_logits(q, k, False, scale), attn_mask, key_padding_mask, causal, Nq, Nk, pairs=False)
-    if dropout_p > 0.0:
-        a = F.dropout(a, dropout_p)
-    return (a @ v.float().repeat_interleave(H // Hkv, dim=1)).to(q.dtype)
+    return reference.attention_reference(q, k, v, score_hook=_quantize_logits, **kwargs)
 
 
 def _register() -> None:

@@ -71,11 +71,9 @@ def logit_outliers(
     s = attention_logits(q, k, differential)  # (B, Hq, Nq, Nk)
     Nq, Nk = s.shape[-2:]
     m = prepare_mask(masks.get("attn_mask"), masks.get("key_padding_mask"), bool(masks.get("causal")), Nq, Nk, s.device)
-    if m.bias is None:
+    allowed = m.allowed()
+    if allowed is None:
         return outlier_stats(s, top_k)
-    allowed = torch.isfinite(m.bias)
-    if m.row_valid is not None:
-        allowed = allowed & m.row_valid
     if differential and allowed.shape[1] > 1:  # a per-head mask covers the H pairs of 2H logit heads
         allowed = allowed.repeat_interleave(2, dim=1)
     return outlier_stats(s, top_k, allowed)

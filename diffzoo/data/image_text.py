@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from .embedded import load_mnist_5k
 from .folder import RobustImageFolder, find_classes
 from .modules import epoch_sampler
-from .shards import IMAGE_KEYS, ShardImageDataset
+from .shards import ShardImageDataset
 
 log = logging.getLogger("diffzoo.data")
 
@@ -398,26 +398,20 @@ class ShardImageTextDataset(ShardImageDataset):
         self.tokenizer = tokenizer
         self.caption_key = caption_key
 
+    def _target(self, sample: dict) -> str:
+        if self.caption_key not in sample:
+            raise ValueError(f"no caption ({self.caption_key})")
+        raw = sample[self.caption_key]
+        text = (raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)).strip()
+        if not text:
+            raise ValueError("empty caption")
+        return text
+
     def _decode(self, sample: dict) -> Optional[tuple]:
-        key = next((k for k in IMAGE_KEYS if k in sample), None)
-        where = f"{sample.get('__url__', '?')}: sample {sample.get('__key__')}"
-        try:
-            if key is None:
-                raise ValueError(f"no image ({'/'.join(IMAGE_KEYS)})")
-            if self.caption_key not in sample:
-                raise ValueError(f"no caption ({self.caption_key})")
-            raw = sample[self.caption_key]
-            text = (raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)).strip()
-            if not text:
-                raise ValueError("empty caption")
-            with Image.open(io.BytesIO(sample[key])) as img:
-                img.load()
-                img = img.convert(self.mode)
-        except Exception as e:  # noqa: BLE001 - any undecodable sample is skipped and counted
-            self._handler(ValueError(f"{where}: {e}"))
-            return None
-        x = self.transform(img) if self.transform is not None else img
-        return x, (self.tokenizer([text])[0] if self.tokenizer is not None else text)
+        item = super()._decode(sample)  # image decoding, skipping and counting as for class shards
+        if item is None or self.tokenizer is None:
+            return item
+        return item[0], self.tokenizer([item[1]])[0]
 
 
 def write_image_text_shards(

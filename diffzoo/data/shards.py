@@ -12,7 +12,7 @@ import logging
 import multiprocessing as mp
 import os
 import random
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from PIL import Image
@@ -101,19 +101,27 @@ class ShardImageDataset(IterableDataset):
         log.warning("skipping corrupt shard data: %s", exn)
         return True  # continue with the next sample / shard
 
+    def _target(self, sample: dict) -> Any:
+        """The sample's target: its ``cls`` as an int (subclasses read other fields)."""
+        if "cls" not in sample:
+            raise ValueError("no cls")
+        raw = sample["cls"]
+        return int(raw.decode().strip()) if isinstance(raw, bytes) else int(raw)
+
     def _decode(self, sample: dict) -> Optional[tuple]:
+        """``(transform(image), target)``, or None (logged and counted) for an undecodable sample."""
         key = next((k for k in IMAGE_KEYS if k in sample), None)
         try:
-            if key is None or "cls" not in sample:
-                raise ValueError(f"sample {sample.get('__key__')} has no image ({'/'.join(IMAGE_KEYS)}) or no cls")
+            if key is None:
+                raise ValueError(f"no image ({'/'.join(IMAGE_KEYS)})")
+            target = self._target(sample)
             with Image.open(io.BytesIO(sample[key])) as img:
                 img.load()
                 img = img.convert(self.mode)
-            label = int(sample["cls"].decode().strip()) if isinstance(sample["cls"], bytes) else int(sample["cls"])
         except Exception as e:  # noqa: BLE001 - any undecodable sample is skipped and counted
             self._handler(ValueError(f"{sample.get('__url__', '?')}: sample {sample.get('__key__')}: {e}"))
             return None
-        return (self.transform(img) if self.transform is not None else img), label
+        return (self.transform(img) if self.transform is not None else img), target
 
     def _pass(self, shards: list[str]) -> Iterator[tuple]:
         import webdataset as wds

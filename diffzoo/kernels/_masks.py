@@ -116,6 +116,16 @@ class PreparedMask:
     causal: bool
     row_valid: Optional[Tensor]
 
+    def allowed(self) -> Optional[Tensor]:
+        """bool, broadcastable to ``(B, H, Nq, Nk)``: the (query, key) pairs that may attend; None = all.
+
+        Only for masks prepared without ``keep_causal_separate`` (a separate causal mask is not in it).
+        """
+        if self.bias is None:
+            return None
+        allowed = torch.isfinite(self.bias)
+        return allowed if self.row_valid is None else allowed & self.row_valid
+
 
 def prepare_mask(
     attn_mask: Optional[Tensor],

@@ -3,23 +3,57 @@
 The slowest and plainest implementation of differential attention (Ye et al., "Differential
 Transformer", ICLR 2025, arXiv 2410.05258, eq. 1) and of standard softmax attention. Every other
 backend is tested against it. It is also the backend that can return the attention maps.
+
+Every function takes an optional ``score_hook(logits, allowed) -> logits``, applied to the scaled
+logits before the mask (``allowed``: the bool pairs the mask lets attend, or None). The registered
+backend never passes one; :mod:`diffzoo.analysis` uses it to quantise the logits.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._masks import check_attention_inputs, prepare_mask
+from ._masks import PreparedMask, check_attention_inputs, prepare_mask
+
+ScoreHook = Callable[[Tensor, Optional[Tensor]], Tensor]
 
 
-def _masked_softmax(scores: Tensor, bias: Optional[Tensor]) -> Tensor:
+def diff_attention_logits(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
+    """Scaled logits of both branches, fp32 ``(B, H, 2, Nq, Nk)``: query head ``2i + b`` of
+    ``q (B, 2H, Nq, d)`` against key head ``2g + b`` of its group in ``k (B, 2H_kv, Nk, d)``."""
+    B, Hq, Nq, d = q.shape
+    H, Hkv = Hq // 2, k.shape[1] // 2
+    scale = d**-0.5 if scale is None else scale
+    qf = q.float().reshape(B, H, 2, Nq, d)
+    kf = k.float().reshape(B, Hkv, 2, k.shape[2], d).repeat_interleave(H // Hkv, dim=1)  # (B, H, 2, Nk, d)
+    return (qf @ kf.transpose(-1, -2)) * scale
+
+
+def attention_logits(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
+    """Scaled logits of grouped-query softmax attention, fp32 ``(B, H, Nq, Nk)``."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    kf = k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return (q.float() @ kf.transpose(-1, -2)) * scale
+
+
+def _masked_softmax(scores: Tensor, m: PreparedMask, pairs: bool, score_hook: Optional[ScoreHook]) -> Tensor:
+    """softmax(hook(scores) + bias), zero on rows with no allowed key; ``pairs``: scores carry a branch
+    axis at dim 2 that the mask is broadcast over."""
+    bias, row_valid = m.bias, m.row_valid
+    if pairs:
+        bias = None if bias is None else bias.unsqueeze(2)
+        row_valid = None if row_valid is None else row_valid.unsqueeze(2)
+    if score_hook is not None:
+        allowed = m.allowed()
+        scores = score_hook(scores, None if allowed is None else (allowed.unsqueeze(2) if pairs else allowed))
     if bias is not None:
         scores = scores + bias
-    return torch.softmax(scores, dim=-1)
+    a = torch.softmax(scores, dim=-1)
+    return a if row_valid is None else a * row_valid
 
 
 def diff_attention_maps(
@@ -31,6 +65,7 @@ def diff_attention_maps(
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     scale: Optional[float] = None,
+    score_hook: Optional[ScoreHook] = None,
 ) -> tuple[Tensor, Tensor]:
     """Both softmax maps of differential attention, fp32.
 
@@ -46,17 +81,8 @@ def diff_attention_maps(
     B, H, Hkv, Nq, Nk = check_attention_inputs(
         q, k, v_dummy, differential=True, attn_mask=attn_mask, key_padding_mask=key_padding_mask
     )
-    d = q.shape[-1]
-    scale = d**-0.5 if scale is None else scale
-    G = H // Hkv
-    qf = q.float().reshape(B, H, 2, Nq, d)
-    kf = k.float().reshape(B, Hkv, 2, Nk, d).repeat_interleave(G, dim=1)  # (B, H, 2, Nk, d)
-    scores = (qf @ kf.transpose(-1, -2)) * scale  # (B, H, 2, Nq, Nk)
     m = prepare_mask(attn_mask, key_padding_mask, causal, Nq, Nk, q.device)
-    bias = None if m.bias is None else m.bias.unsqueeze(2)
-    a = _masked_softmax(scores, bias)
-    if m.row_valid is not None:
-        a = a * m.row_valid.unsqueeze(2)
+    a = _masked_softmax(diff_attention_logits(q, k, scale), m, True, score_hook)  # (B, H, 2, Nq, Nk)
     return a[:, :, 0], a[:, :, 1]
 
 
@@ -71,6 +97,7 @@ def diff_attention_reference(
     causal: bool = False,
     scale: Optional[float] = None,
     dropout_p: float = 0.0,
+    score_hook: Optional[ScoreHook] = None,
 ) -> Tensor:
     """``(softmax(q1 k1^T s + M) - lam * softmax(q2 k2^T s + M)) @ v`` per differential head.
 
@@ -87,7 +114,8 @@ def diff_attention_reference(
         ``(B, H, Nq, dv)`` in ``q.dtype``.
     """
     a1, a2 = diff_attention_maps(
-        q, k, lam, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale
+        q, k, lam, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
+        score_hook=score_hook,
     )
     B, H, Nq, _ = a1.shape
     check_attention_inputs(q, k, v, differential=True)
@@ -107,20 +135,15 @@ def attention_maps(
     key_padding_mask: Optional[Tensor] = None,
     causal: bool = False,
     scale: Optional[float] = None,
+    score_hook: Optional[ScoreHook] = None,
 ) -> Tensor:
     """Softmax attention map ``(B, H, Nq, Nk)`` in fp32 for ``q (B, H, Nq, d)``, ``k (B, H_kv, Nk, d)``."""
     v_dummy = k.new_empty((*k.shape[:3], 1))
     B, H, Hkv, Nq, Nk = check_attention_inputs(
         q, k, v_dummy, differential=False, attn_mask=attn_mask, key_padding_mask=key_padding_mask
     )
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    kf = k.float().repeat_interleave(H // Hkv, dim=1)
-    scores = (q.float() @ kf.transpose(-1, -2)) * scale
     m = prepare_mask(attn_mask, key_padding_mask, causal, Nq, Nk, q.device)
-    a = _masked_softmax(scores, m.bias)
-    if m.row_valid is not None:
-        a = a * m.row_valid
-    return a
+    return _masked_softmax(attention_logits(q, k, scale), m, False, score_hook)
 
 
 def attention_reference(
@@ -133,9 +156,13 @@ def attention_reference(
     causal: bool = False,
     scale: Optional[float] = None,
     dropout_p: float = 0.0,
+    score_hook: Optional[ScoreHook] = None,
 ) -> Tensor:
     """Standard softmax attention ``softmax(q k^T s + M) @ v`` with grouped-query heads, fp32 inside."""
-    a = attention_maps(q, k, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale)
+    a = attention_maps(
+        q, k, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
+        score_hook=score_hook,
+    )
     check_attention_inputs(q, k, v, differential=False)
     if dropout_p > 0.0:
         a = F.dropout(a, dropout_p)

@@ -27,6 +27,19 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def weight_decay_groups(model: nn.Module, weight_decay: float, no_decay_names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """AdamW groups: ``weight_decay`` on weight matrices only; none on 1-d parameters (gains, biases,
+    lambdas), the model's ``no_weight_decay()`` names and names containing any of ``no_decay_names``."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        excluded = p.ndim <= 1 or name in skip or any(s in name for s in no_decay_names)
+        (no_decay if excluded else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 class ImageClassificationTask(RestoresRNG, pl.LightningModule):
     """Train a timm-registered classifier (``diffvit_*``, ``softvit_*`` or any timm model).
 
@@ -159,16 +172,7 @@ class ImageClassificationTask(RestoresRNG, pl.LightningModule):
     # -- optimisation --------------------------------------------------------------------------
     def param_groups(self) -> list[dict[str, Any]]:
         """AdamW groups: weight decay on matrices only (no decay on biases, norms, embeddings, lambdas)."""
-        skip = set(getattr(self.model, "no_weight_decay", lambda: set())())
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            (no_decay if p.ndim <= 1 or name in skip else decay).append(p)
-        return [
-            {"params": decay, "weight_decay": self.hparams.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        return weight_decay_groups(self.model, self.hparams.weight_decay)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

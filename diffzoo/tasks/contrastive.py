@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from .callbacks import RunSummary
-from .classification import warmup_cosine
+from .classification import warmup_cosine, weight_decay_groups
 from .export import save_safetensors
 from .resume import RestoresRNG
 from .zeroshot import check_model_name, load_clip_weights, pair_retrieval, topk_hits, zero_shot_classifier
@@ -234,17 +234,7 @@ class ContrastiveTask(RestoresRNG, pl.LightningModule):
         """AdamW groups: decay on weight matrices only; none on 1-d parameters (gains, biases, lambdas),
         embeddings (token, positional, class), ``logit_scale`` / ``logit_bias`` and the model's
         ``no_weight_decay()`` names."""
-        skip = set(getattr(self.model, "no_weight_decay", lambda: set())())
-        decay, no_decay = [], []
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            excluded = p.ndim < 2 or name in skip or any(s in name for s in NO_DECAY_NAMES)
-            (no_decay if excluded else decay).append(p)
-        return [
-            {"params": decay, "weight_decay": self.hparams.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
+        return weight_decay_groups(self.model, self.hparams.weight_decay, NO_DECAY_NAMES)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

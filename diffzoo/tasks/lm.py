@@ -18,7 +18,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from ..models.lm import LM_PRESETS, CausalLM, LMConfig
-from .classification import ImageClassificationTask, warmup_cosine
+from .classification import warmup_cosine, weight_decay_groups
 from .export import save_safetensors
 from .resume import RestoresRNG
 
@@ -89,8 +89,9 @@ class LanguageModelTask(RestoresRNG, pl.LightningModule):
 
     on_test_epoch_end = on_validation_epoch_end
 
-    # The classification task's weight-decay groups apply unchanged.
-    param_groups = ImageClassificationTask.param_groups
+    def param_groups(self) -> list[dict[str, Any]]:
+        """AdamW groups of :func:`~diffzoo.tasks.classification.weight_decay_groups`."""
+        return weight_decay_groups(self.model, self.hparams.weight_decay)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
