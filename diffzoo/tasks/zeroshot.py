@@ -111,17 +111,16 @@ def load_clip_weights(model: nn.Module, path: PathLike, strict: bool = True) -> 
 
     Raises ``ValueError`` naming the file and the first missing / unexpected keys on a mismatch.
     """
+    from ..models.clip_convert import unwrap_state_dict
+
     path = Path(path)
     state = _read_weights(path)
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        lightning = "pytorch-lightning_version" in state
-        state = state["state_dict"]
-        if lightning:
-            state = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
-    if not isinstance(state, dict) or not state:
-        raise ValueError(f"{path} holds no model weights")
-    if all(k.startswith("module.") for k in state):
-        state = {k[len("module."):]: v for k, v in state.items()}
+    if isinstance(state, dict) and "pytorch-lightning_version" in state and isinstance(state.get("state_dict"), dict):
+        state = {k[len("model."):]: v for k, v in state["state_dict"].items() if k.startswith("model.")}
+    try:
+        state = unwrap_state_dict(state)  # open_clip / DDP / torch.compile wrappers
+    except ValueError as e:
+        raise ValueError(f"{path} holds no model weights: {e}") from None
     result = model.load_state_dict(state, strict=False)
     if strict and (result.missing_keys or result.unexpected_keys):
         raise ValueError(
