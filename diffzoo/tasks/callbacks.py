@@ -25,6 +25,17 @@ class RunSummary(pl.Callback):
         self.monitor = monitor
         self.summary: dict[str, Any] = {}
 
+    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
+        """Write the trained weights under ``out``; returns ``{summary key: path}``."""
+        paths = {"safetensors": str(export_module(pl_module, out / "model.safetensors"))}
+        if getattr(pl_module, "ema", None) is not None:
+            paths["safetensors_ema"] = str(export_module(pl_module, out / "model_ema.safetensors", use_ema=True))
+        return paths
+
+    def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
+        """The call that rebuilds the model from the exported weights."""
+        return f"diffzoo.tasks.load_exported({path!r})"
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         out = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
         if not trainer.is_global_zero:
@@ -41,9 +52,7 @@ class RunSummary(pl.Callback):
             "log_dir": str(out),
         }
         if self.export and hasattr(pl_module, "model"):
-            summary["safetensors"] = str(export_module(pl_module, out / "model.safetensors"))
-            if getattr(pl_module, "ema", None) is not None:
-                summary["safetensors_ema"] = str(export_module(pl_module, out / "model_ema.safetensors", use_ema=True))
+            summary.update(self.export_weights(pl_module, out))
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.summary = summary
@@ -54,6 +63,6 @@ class RunSummary(pl.Callback):
         ]
         if "safetensors" in summary:
             lines.append(f"weights: {summary['safetensors']}")
-            lines.append(f"reload: diffzoo.tasks.load_exported({summary['safetensors']!r})")
+            lines.append(f"reload: {self.reload_hint(pl_module, summary['safetensors'])}")
         lines.append(f"metrics log: {os.path.join(out, 'metrics.csv')}")
         print("\n".join(lines), flush=True)

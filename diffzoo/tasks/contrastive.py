@@ -14,7 +14,6 @@ effective batch use more devices or a larger per-device batch.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -264,17 +263,12 @@ class ClipRunSummary(RunSummary):
     """
 
     def __init__(self, export: bool = True, monitor: str = "val/zs_top1") -> None:
-        super().__init__(export=False, monitor=monitor)
-        self.export_clip = export
+        super().__init__(export=export, monitor=monitor)
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        super().on_fit_end(trainer, pl_module)
-        if not trainer.is_global_zero or not self.export_clip:
-            return
-        out = Path(self.summary["log_dir"])
-        name = pl_module.hparams.get("model")
-        path = save_safetensors(pl_module.model.state_dict(), out / "model.safetensors", name,
+    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
+        path = save_safetensors(pl_module.model.state_dict(), out / "model.safetensors", pl_module.hparams.get("model"),
                                 dict(pl_module.hparams.get("model_kwargs") or {}))
-        self.summary["safetensors"] = str(path)
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2))
-        print(f"weights: {path}\nreload: diffzoo.tasks.zeroshot.load_clip({name!r}, checkpoint={str(path)!r})", flush=True)
+        return {"safetensors": str(path)}
+
+    def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
+        return f"diffzoo.tasks.zeroshot.load_clip({pl_module.hparams.get('model')!r}, checkpoint={path!r})"
