@@ -191,11 +191,8 @@ def measure(probe: Probe, bits: tuple = BITS) -> tuple[dict, Any, Any]:
     """Attention noise, lambda, outliers and metric vs bits of one model; also the records (for plots)."""
     from diffzoo.analysis import attention_noise, metric_vs_bits, record_attention, record_outliers
 
-    with torch.no_grad():
-        with record_attention(probe.model) as rec:
-            probe.call()
-        with record_outliers(probe.model) as out:
-            probe.call()
+    with torch.no_grad(), record_attention(probe.model) as rec, record_outliers(probe.model) as out:
+        probe.call()  # one pass feeds both recorders
     query, relevant = probe.relevance
     noise = attention_noise(rec, query, relevant).summary()
     result = dict(
