@@ -32,6 +32,7 @@ from .registry import (
     set_auto_order,
     use_backend,
 )
+from ._masks import as_lambda, check_dropout_p
 from .reference import attention_maps, diff_attention_maps
 
 __all__ = [
@@ -74,12 +75,16 @@ def diff_attention(
         key_padding_mask: bool ``(B, Nk)``, True marks padding.
         causal: bottom-right aligned causal mask (works with a kv-cache, ``Nq <= Nk``).
         scale: logit scale, default ``d ** -0.5``.
-        dropout_p: attention dropout probability (not supported by every backend).
+        dropout_p: attention dropout probability in ``[0, 1)``, applied once to the combined map
+            ``A1 - lam A2`` (every output channel of a head sees the same mask). Backends that cannot
+            draw it that way refuse it, so ``auto`` picks one that can.
         backend: ``"reference"``, ``"sdpa"``, ``"blockwise"``, ``"triton"`` or ``"auto"``.
 
     Returns:
         ``(B, H, Nq, dv)`` in ``q.dtype``; rows with no allowed key are zero.
     """
+    check_dropout_p(dropout_p)
+    lam = as_lambda(lam, q)
     call = Call(q, k, v, attn_mask, key_padding_mask, causal, dropout_p, torch.is_grad_enabled())
     fn = select_backend("diff", call, backend).fn()
     return fn(
@@ -108,6 +113,7 @@ def attention(
     Returns:
         ``(B, H, Nq, dv)``.
     """
+    check_dropout_p(dropout_p)
     call = Call(q, k, v, attn_mask, key_padding_mask, causal, dropout_p, torch.is_grad_enabled())
     fn = select_backend("softmax", call, backend).fn()
     return fn(
@@ -139,6 +145,12 @@ def _triton_unsupported(call: Call) -> Optional[str]:
     return triton_diff.unsupported(call)
 
 
+def _sdpa_unsupported(call: Call) -> Optional[str]:
+    if call.dropout_p > 0.0:
+        return "attention dropout: SDPA would draw separate masks for the two branches, not one for A1 - lam A2"
+    return None
+
+
 def _blockwise_unsupported(call: Call) -> Optional[str]:
     if call.dropout_p > 0.0:
         return "attention dropout is not implemented"
@@ -146,7 +158,7 @@ def _blockwise_unsupported(call: Call) -> Optional[str]:
 
 
 register_backend("diff", Backend("reference", _load("reference", "diff_attention_reference")))
-register_backend("diff", Backend("sdpa", _load("sdpa", "diff_attention_sdpa")))
+register_backend("diff", Backend("sdpa", _load("sdpa", "diff_attention_sdpa"), unsupported=_sdpa_unsupported))
 register_backend(
     "diff", Backend("blockwise", _load("blockwise", "diff_attention_blockwise"), unsupported=_blockwise_unsupported)
 )

@@ -13,11 +13,27 @@ Conventions (the same for every backend and every layer in diffzoo):
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+
+def check_dropout_p(p: float, name: str = "dropout_p") -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``p`` is a probability in ``[0, 1)``."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{name}={p!r} must be a dropout probability in [0, 1)")
+
+
+def as_lambda(lam: Tensor | float, q: Tensor) -> Tensor:
+    """``lam`` as a tensor on ``q``'s device: a Python number becomes an fp32 scalar; tensors pass through."""
+    if isinstance(lam, Tensor):
+        return lam
+    if isinstance(lam, bool) or not isinstance(lam, numbers.Real):
+        raise TypeError(f"lam must be a tensor or a real number, got {type(lam).__name__}")
+    return torch.tensor(float(lam), dtype=torch.float32, device=q.device)
 
 
 def check_attention_inputs(
@@ -51,6 +67,8 @@ def check_attention_inputs(
         raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
     if k.shape[-1] != d:
         raise ValueError(f"q and k widths differ: {d} vs {k.shape[-1]}")
+    if d == 0:
+        raise ValueError("q and k have width 0; the head width (head_dim) must be at least 1")
     Nk = k.shape[2]
     if v.shape[2] != Nk:
         raise ValueError(f"k and v token counts differ: {Nk} vs {v.shape[2]}")

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._masks import causal_allowed, check_attention_inputs, prepare_mask
+from ._masks import as_lambda, causal_allowed, check_attention_inputs, prepare_mask
 
 # Target number of fp32 score elements per block and branch (B * H * rows * Nk): 32 MiB per map.
 # Larger blocks keep the batched matmuls efficient; blocks of a few rows were much slower on CPU.
@@ -40,7 +40,7 @@ def _block_rows(B: int, H: int, Nq: int, Nk: int, causal: bool = False) -> int:
     if causal and Nq >= 128:  # at least 4 blocks, so the keys past each block's last row can be skipped
         rows = min(rows, max(64, Nq // 4))
     if rows >= Nq:
-        return Nq
+        return max(Nq, 1)  # one block; at least one row so that an empty query range is an empty loop
     return max(16, 1 << int(math.log2(rows))) if rows >= 16 else rows
 
 
@@ -192,6 +192,7 @@ def diff_attention_blockwise(
     B, H, Hkv, Nq, Nk = check_attention_inputs(
         q, k, v, differential=True, attn_mask=attn_mask, key_padding_mask=key_padding_mask
     )
+    lam = as_lambda(lam, q)
     if lam.numel() != 1:
         raise ValueError(f"lam must be a scalar tensor, got shape {tuple(lam.shape)}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)

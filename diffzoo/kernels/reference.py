@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._masks import PreparedMask, check_attention_inputs, prepare_mask
+from ._masks import PreparedMask, as_lambda, check_attention_inputs, prepare_mask
 
 ScoreHook = Callable[[Tensor, Optional[Tensor]], Tensor]
 
@@ -113,6 +113,7 @@ def diff_attention_reference(
     Returns:
         ``(B, H, Nq, dv)`` in ``q.dtype``.
     """
+    lam = as_lambda(lam, q)
     a1, a2 = diff_attention_maps(
         q, k, lam, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
         score_hook=score_hook,

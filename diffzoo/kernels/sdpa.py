@@ -5,6 +5,9 @@ flash kernel refuses a value width different from the query width (it would fall
 O(N^2)-memory math path), so the value is split into two halves of width ``d`` that are also folded
 into the batch: four standard attentions in one call (2.0x the FLOPs of standard attention). On CUDA
 the memory-efficient and cuDNN kernels accept value width ``2d``: two standard attentions (1.43x).
+
+Attention dropout is refused: SDPA would drop each branch (and each value slice) with its own mask,
+while differential attention drops the combined map ``A1 - lam A2`` once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._masks import check_attention_inputs, prepare_mask
+from ._masks import as_lambda, check_attention_inputs, prepare_mask
 
 
 def _sdpa_mask(bias: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
@@ -41,10 +44,16 @@ def diff_attention_sdpa(
     scale: Optional[float] = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """Differential attention via SDPA; same signature and result as the reference backend."""
+    """Differential attention via SDPA; same signature and result as the reference backend (no dropout)."""
+    if dropout_p > 0.0:
+        raise ValueError(
+            "the sdpa backend cannot drop the combined map A1 - lam A2 with one mask; "
+            "use backend='blockwise' or 'reference' for attention dropout"
+        )
     B, H, Hkv, Nq, Nk = check_attention_inputs(
         q, k, v, differential=True, attn_mask=attn_mask, key_padding_mask=key_padding_mask
     )
+    lam = as_lambda(lam, q)
     d, dv = q.shape[-1], v.shape[-1]
     G = H // Hkv
     m = prepare_mask(attn_mask, key_padding_mask, causal, Nq, Nk, q.device, keep_causal_separate=Nq == Nk)
@@ -67,9 +76,7 @@ def diff_attention_sdpa(
         parts = 1
         vb = v.unsqueeze(0).expand(2, B, H, Nk, dv).reshape(2 * B, H, Nk, dv)
     mask = _repeat_batch(_sdpa_mask(m.bias, q.dtype), 2 * parts)
-    o = F.scaled_dot_product_attention(
-        qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=m.causal, scale=scale
-    )  # (parts * 2 * B, H, Nq, dv / parts)
+    o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=m.causal, scale=scale)  # (parts * 2 * B, H, Nq, dv / parts)
     o = o.reshape(parts, 2, B, H, Nq, dv // parts)
     o = o[:, 0] - lam.to(o.dtype) * o[:, 1]  # (parts, B, H, Nq, dv / parts)
     if parts > 1:

@@ -6,6 +6,7 @@
 from .attention import Attention, AttentionBase
 from .block import Block, DropPath, LayerScale, build_attention, diff_heads_for_baseline
 from .diff_attention import DiffAttention, DiffAttentionV2, lambda_init_schedule
+from .heads import resolve_heads
 from .kv_cache import KVCache
 from .matched import MatchedPair, check_matched, count_parameters, matched_attention_pair
 from .mlp import Mlp, SwiGLU
@@ -33,4 +34,5 @@ __all__ = [
     "diff_heads_for_baseline",
     "lambda_init_schedule",
     "matched_attention_pair",
+    "resolve_heads",
 ]

@@ -12,6 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels import attention, attention_maps
+from ..kernels._masks import check_dropout_p
+from .heads import check_positive_int, resolve_heads
 from .kv_cache import KVCache
 from .rope import RotaryEmbedding
 
@@ -47,6 +49,9 @@ class AttentionBase(nn.Module):
         backend: Optional[str] = None,
     ) -> None:
         super().__init__()
+        check_positive_int("head_dim", head_dim)
+        check_dropout_p(attn_drop, "attn_drop")
+        check_dropout_p(proj_drop, "proj_drop")
         self.dim = dim
         self.kv_dim = dim if kv_dim is None else kv_dim
         self.q_heads, self.k_heads, self.v_heads = q_heads, k_heads, v_heads
@@ -71,11 +76,14 @@ class AttentionBase(nn.Module):
     def make_kv_cache(
         self, batch_size: int, max_seq_len: int, dtype: Optional[torch.dtype] = None, device: Any = None
     ) -> KVCache:
-        """An empty :class:`KVCache` shaped for this layer's keys and values."""
-        w = self.k_proj.weight
+        """An empty :class:`KVCache` shaped for this layer's keys and values.
+
+        ``dtype=None`` stores keys/values in the dtype of the activations (bf16 under ``torch.autocast``);
+        ``device`` defaults to the layer's.
+        """
         return KVCache(
             batch_size, max_seq_len, self.k_heads, self.head_dim, self.v_heads, self.v_dim,
-            dtype=dtype or w.dtype, device=device or w.device,
+            dtype=dtype, device=device or self.k_proj.weight.device,
         )
 
     def _check_tokens(self, t: Tensor, name: str, width: int) -> None:
@@ -152,7 +160,7 @@ class AttentionBase(nn.Module):
             k, v = kv_cache.update(k, v)
         masks = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal)
         out, maps = self._attend(x, q, k, v, masks, return_attn, backend or self.backend)
-        out = out.transpose(1, 2).reshape(B, N, -1)  # (B, N, heads * width)
+        out = out.transpose(1, 2).reshape(B, N, self.out_proj.in_features)  # (B, N, heads * width)
         out = self.proj_drop(self.out_proj(out))
         return (out, maps) if return_attn else out
 
@@ -198,13 +206,7 @@ class Attention(AttentionBase):
         proj_drop: float = 0.0,
         backend: Optional[str] = None,
     ) -> None:
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
-        if head_dim is None:
-            if dim % num_heads:
-                raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}; pass head_dim=")
-            head_dim = dim // num_heads
+        num_kv_heads, head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
         super().__init__(
             dim, q_heads=num_heads, k_heads=num_kv_heads, v_heads=num_kv_heads, head_dim=head_dim, v_dim=head_dim,
             out_in=num_heads * head_dim, kv_dim=kv_dim, qkv_bias=qkv_bias, proj_bias=proj_bias, causal=causal,

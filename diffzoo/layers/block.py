@@ -7,8 +7,10 @@ from typing import Callable, Literal, Optional
 import torch
 from torch import Tensor, nn
 
+from ..kernels._masks import check_dropout_p
 from .attention import Attention, AttentionBase, RopeArg
 from .diff_attention import DiffAttention, DiffAttentionV2
+from .heads import check_positive_int, resolve_heads
 from .mlp import Mlp, SwiGLU
 from .norm import build_norm
 
@@ -24,11 +26,7 @@ def diff_heads_for_baseline(
     width ``d``. An odd baseline count has no such split: pass ``head_dim`` to keep the head count and
     use narrower heads instead (timm's convention, ``head_dim = dim // (2 * num_heads)``).
     """
-    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-    if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-        raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
-    if dim % num_heads:
-        raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}")
+    num_kv_heads, _ = resolve_heads(dim, num_heads, num_kv_heads)
     if head_dim is None:
         if num_heads % 2 or num_kv_heads % 2:
             odd = "num_heads" if num_heads % 2 else "num_kv_heads"
@@ -38,6 +36,7 @@ def diff_heads_for_baseline(
                 "or an even count"
             )
         return num_heads // 2, num_kv_heads // 2, dim // num_heads
+    check_positive_int("head_dim", head_dim)
     if dim % (2 * head_dim):
         raise ValueError(f"dim={dim} is not divisible by 2 * head_dim = {2 * head_dim}")
     heads = dim // (2 * head_dim)
@@ -55,6 +54,7 @@ def build_attention(
     *,
     depth: int = 0,
     lambda_init: Optional[float] = None,
+    sub_norm_eps: Optional[float] = None,
     **kwargs,
 ) -> AttentionBase:
     """Build one attention layer from the *baseline's* head counts.
@@ -65,12 +65,16 @@ def build_attention(
             :func:`diff_heads_for_baseline`; ``"diff_v2"`` uses them as its output heads.
         head_dim: differential q/k width (only for ``"diff"``; required when ``num_heads`` is odd).
         depth, lambda_init: passed to :class:`DiffAttention`.
+        sub_norm_eps: epsilon of the per-head RMSNorm of ``"diff"`` (default: :class:`DiffAttention`'s
+            1e-5); the other kinds have no per-head norm and ignore it.
         kwargs: the remaining :class:`Attention` arguments (biases, causal, rope, dropout, backend).
     """
     if kind == "softmax":
         return Attention(dim, num_heads, num_kv_heads, **kwargs)
     if kind == "diff":
         h, hkv, d = diff_heads_for_baseline(dim, num_heads, num_kv_heads, head_dim)
+        if sub_norm_eps is not None:
+            kwargs["norm_eps"] = sub_norm_eps
         return DiffAttention(dim, h, hkv, d, depth=depth, lambda_init=lambda_init, **kwargs)
     if kind == "diff_v2":
         return DiffAttentionV2(dim, num_heads, num_kv_heads, **kwargs)
@@ -82,6 +86,7 @@ class DropPath(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
+        check_dropout_p(p, "drop_path")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
@@ -115,7 +120,8 @@ class Block(nn.Module):
         attn: ``"softmax"``, ``"diff"`` or ``"diff_v2"``.
         num_kv_heads: baseline key/value heads (grouped-query attention).
         head_dim: differential q/k width (needed when ``num_heads`` is odd).
-        mlp_ratio: hidden width of the feed-forward relative to ``dim``.
+        mlp_ratio: hidden width of the feed-forward relative to ``dim`` (``int(dim * mlp_ratio)``).
+        mlp_hidden_dim: hidden width of the feed-forward; overrides ``mlp_ratio`` when given.
         mlp: ``"mlp"`` (GELU by default) or ``"swiglu"``.
         norm: ``"layernorm"`` or ``"rmsnorm"``.
         depth: 0-based index of this block; differential attention derives ``lambda_init`` from it.
@@ -126,6 +132,7 @@ class Block(nn.Module):
         layer_scale_init: initial layer-scale value, or None for no layer-scale.
         act_layer: activation of the ``"mlp"`` feed-forward.
         norm_eps: epsilon of both norms (default 1e-6).
+        sub_norm_eps: epsilon of the per-head RMSNorm of ``attn="diff"`` (default 1e-5).
     """
 
     def __init__(
@@ -137,6 +144,7 @@ class Block(nn.Module):
         num_kv_heads: Optional[int] = None,
         head_dim: Optional[int] = None,
         mlp_ratio: float = 4.0,
+        mlp_hidden_dim: Optional[int] = None,
         mlp: Literal["mlp", "swiglu"] = "mlp",
         norm: Literal["layernorm", "rmsnorm"] = "layernorm",
         depth: int = 0,
@@ -153,6 +161,7 @@ class Block(nn.Module):
         layer_scale_init: Optional[float] = None,
         act_layer: Callable[[], nn.Module] = nn.GELU,
         norm_eps: Optional[float] = None,
+        sub_norm_eps: Optional[float] = None,
         backend: Optional[str] = None,
     ) -> None:
         super().__init__()
@@ -160,13 +169,14 @@ class Block(nn.Module):
         self.norm1 = build_norm(norm, dim, norm_eps)
         self.attn = build_attention(
             attn, dim, num_heads, num_kv_heads, head_dim, depth=depth, lambda_init=lambda_init,
-            qkv_bias=qkv_bias, proj_bias=proj_bias, causal=causal, rope=rope, rope_base=rope_base,
-            attn_drop=attn_drop, proj_drop=proj_drop, backend=backend,
+            sub_norm_eps=sub_norm_eps, qkv_bias=qkv_bias, proj_bias=proj_bias, causal=causal, rope=rope,
+            rope_base=rope_base, attn_drop=attn_drop, proj_drop=proj_drop, backend=backend,
         )
         self.ls1 = LayerScale(dim, layer_scale_init) if layer_scale_init is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = build_norm(norm, dim, norm_eps)
-        hidden = int(dim * mlp_ratio)
+        hidden = int(dim * mlp_ratio) if mlp_hidden_dim is None else mlp_hidden_dim
+        check_positive_int("mlp_hidden_dim" if mlp_hidden_dim is not None else "int(dim * mlp_ratio)", hidden)
         if mlp == "mlp":
             self.mlp: nn.Module = Mlp(dim, hidden, act_layer=act_layer, bias=mlp_bias, drop=proj_drop)
         elif mlp == "swiglu":

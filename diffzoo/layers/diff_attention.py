@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..kernels import attention, attention_maps, diff_attention, diff_attention_maps
 from .attention import AttentionBase, RopeArg
+from .heads import resolve_heads
 from .norm import RMSNorm
 
 
@@ -73,15 +74,7 @@ class DiffAttention(AttentionBase):
         norm_eps: float = 1e-5,
         backend: Optional[str] = None,
     ) -> None:
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
-        if head_dim is None:
-            if dim % (2 * num_heads):
-                raise ValueError(
-                    f"dim={dim} is not divisible by 2 * num_heads = {2 * num_heads}; pass head_dim= explicitly"
-                )
-            head_dim = dim // (2 * num_heads)
+        num_kv_heads, head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim, widths_per_head=2)
         super().__init__(
             dim, q_heads=2 * num_heads, k_heads=2 * num_kv_heads, v_heads=num_kv_heads, head_dim=head_dim,
             v_dim=2 * head_dim, out_in=num_heads * 2 * head_dim, kv_dim=kv_dim, qkv_bias=qkv_bias,
@@ -89,6 +82,8 @@ class DiffAttention(AttentionBase):
             proj_drop=proj_drop, backend=backend,
         )
         self.num_heads, self.num_kv_heads, self.depth = num_heads, num_kv_heads, depth
+        if lambda_init is not None and not math.isfinite(float(lambda_init)):
+            raise ValueError(f"lambda_init={lambda_init!r} must be a finite number (the paper uses 0.2 to 0.8)")
         self.lambda_init = lambda_init_schedule(depth) if lambda_init is None else float(lambda_init)
         self.lambda_q1 = nn.Parameter(torch.zeros(head_dim))
         self.lambda_k1 = nn.Parameter(torch.zeros(head_dim))
@@ -133,6 +128,8 @@ class DiffAttentionV2(AttentionBase):
         num_heads: output heads ``H`` (``2H`` query heads are computed).
         num_kv_heads: key/value heads ``H_kv`` of width ``d`` (default ``H``).
         head_dim: head width ``d``, default ``D // H``.
+        lambda_bias: give ``lambda_proj`` a bias (the reference V2 has none, so its checkpoints
+            load strictly only with the default ``False``).
         Other arguments as :class:`DiffAttention`.
     """
 
@@ -151,15 +148,10 @@ class DiffAttentionV2(AttentionBase):
         rope_base: float = 10000.0,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
+        lambda_bias: bool = False,
         backend: Optional[str] = None,
     ) -> None:
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
-            raise ValueError(f"num_heads={num_heads} must be a positive multiple of num_kv_heads={num_kv_heads}")
-        if head_dim is None:
-            if dim % num_heads:
-                raise ValueError(f"dim={dim} is not divisible by num_heads={num_heads}; pass head_dim=")
-            head_dim = dim // num_heads
+        num_kv_heads, head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
         super().__init__(
             dim, q_heads=2 * num_heads, k_heads=num_kv_heads, v_heads=num_kv_heads, head_dim=head_dim,
             v_dim=head_dim, out_in=num_heads * head_dim, kv_dim=kv_dim, qkv_bias=qkv_bias, proj_bias=proj_bias,
@@ -167,7 +159,7 @@ class DiffAttentionV2(AttentionBase):
             backend=backend,
         )
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.lambda_proj = nn.Linear(dim, num_heads)
+        self.lambda_proj = nn.Linear(dim, num_heads, bias=lambda_bias)
 
     def _attend(self, x, q, k, v, masks, return_attn, backend):
         B, N, _ = x.shape

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import Block, KVCache, RMSNorm, RotaryEmbedding, check_matched
+from ..layers import Block, KVCache, RMSNorm, RotaryEmbedding, check_matched, resolve_heads
 
 __all__ = [
     "LM_PRESETS",
@@ -69,10 +69,7 @@ class LMConfig:
         for name in ("vocab_size", "dim", "depth", "num_heads", "num_kv_heads", "multiple_of", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        if self.dim % self.num_heads:
-            raise ValueError(f"dim={self.dim} is not divisible by num_heads={self.num_heads}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        resolve_heads(self.dim, self.num_heads, self.num_kv_heads)
         if self.attn == "diff" and (self.num_heads % 2 or self.num_kv_heads % 2):
             raise ValueError(
                 f"attn='diff' pairs the baseline's heads: num_heads={self.num_heads} and "
@@ -133,20 +130,15 @@ class CausalLM(nn.Module):
         self.config = cfg = config
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         rope = RotaryEmbedding(cfg.head_dim, base=cfg.rope_base)  # no parameters: shared by every block
-        # Block sizes its SwiGLU as int(dim * mlp_ratio); the half keeps float rounding from losing one unit.
-        mlp_ratio = (cfg.intermediate_size + 0.5) / cfg.dim
         self.blocks = nn.ModuleList(
             Block(
-                cfg.dim, cfg.num_heads, attn=cfg.attn, num_kv_heads=cfg.num_kv_heads, mlp_ratio=mlp_ratio,
-                mlp="swiglu", norm="rmsnorm", depth=i, lambda_init=cfg.lambda_init, qkv_bias=cfg.bias,
-                proj_bias=cfg.bias, mlp_bias=False, causal=True, rope=rope, norm_eps=cfg.norm_eps,
-                backend=cfg.backend,
+                cfg.dim, cfg.num_heads, attn=cfg.attn, num_kv_heads=cfg.num_kv_heads,
+                mlp_hidden_dim=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm", depth=i,
+                lambda_init=cfg.lambda_init, qkv_bias=cfg.bias, proj_bias=cfg.bias, mlp_bias=False, causal=True,
+                rope=rope, norm_eps=cfg.norm_eps, sub_norm_eps=cfg.norm_eps, backend=cfg.backend,
             )
             for i in range(cfg.depth)
         )
-        for block in self.blocks:
-            if hasattr(block.attn, "sub_norm"):  # the per-head norm of V1 uses the model's epsilon too
-                block.attn.sub_norm.eps = cfg.norm_eps
         self.norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.reset_parameters()
@@ -174,10 +166,15 @@ class CausalLM(nn.Module):
         """Parameter names that AdamW should not decay (embeddings; 1-d parameters are skipped anyway)."""
         return {"tok_embeddings.weight", "output.weight"} if self.config.tie_embeddings else {"tok_embeddings.weight"}
 
-    def make_kv_caches(self, batch_size: int, max_seq_len: Optional[int] = None) -> list[KVCache]:
-        """One empty :class:`KVCache` per block for incremental decoding."""
+    def make_kv_caches(
+        self, batch_size: int, max_seq_len: Optional[int] = None, dtype: Optional[torch.dtype] = None
+    ) -> list[KVCache]:
+        """One empty :class:`KVCache` per block for incremental decoding.
+
+        ``dtype=None`` stores keys/values in the activations' dtype (bf16 under ``torch.autocast``).
+        """
         n = max_seq_len or self.config.max_seq_len
-        return [block.attn.make_kv_cache(batch_size, n) for block in self.blocks]
+        return [block.attn.make_kv_cache(batch_size, n, dtype=dtype) for block in self.blocks]
 
     def forward(
         self,
