@@ -151,17 +151,9 @@ def _sdpa_unsupported(call: Call) -> Optional[str]:
     return None
 
 
-def _blockwise_unsupported(call: Call) -> Optional[str]:
-    if call.dropout_p > 0.0:
-        return "attention dropout is not implemented"
-    return None
-
-
 register_backend("diff", Backend("reference", _load("reference", "diff_attention_reference")))
 register_backend("diff", Backend("sdpa", _load("sdpa", "diff_attention_sdpa"), unsupported=_sdpa_unsupported))
-register_backend(
-    "diff", Backend("blockwise", _load("blockwise", "diff_attention_blockwise"), unsupported=_blockwise_unsupported)
-)
+register_backend("diff", Backend("blockwise", _load("blockwise", "diff_attention_blockwise")))
 register_backend(
     "diff",
     Backend(

@@ -91,6 +91,18 @@ def _block_maps(qb: Tensor, k5: Tensor, bias: Optional[Tensor], G: int, out: Opt
     return _softmax_out(s, -1, False, out=s)
 
 
+def _dropout_scale(shape: tuple[int, ...], p: float, seed: int, r0: int, device: torch.device) -> Tensor:
+    """Inverted-dropout factors ``keep / (1 - p)`` (fp32) of the block starting at query row ``r0``.
+
+    Drawn from a generator seeded by ``seed`` and ``r0``, so the backward draws the same mask again
+    instead of storing it.
+    """
+    g = torch.Generator(device=device)
+    g.manual_seed((seed + 1_000_003 * r0) % (1 << 63))
+    keep = torch.rand(shape, generator=g, device=device) >= p
+    return keep.to(torch.float32).mul_(1.0 / (1.0 - p))
+
+
 def _block_queries(q6: Tensor, r0: int, r1: int, scale: float) -> Tensor:
     """Rows ``r0:r1`` of ``q6 (B, Hkv, G, 2, Nq, d)``, times ``scale``, as ``(2, B, Hkv, G * rows, d)``."""
     B, Hkv, G, _, _, d = q6.shape
@@ -101,7 +113,7 @@ def _block_queries(q6: Tensor, r0: int, r1: int, scale: float) -> Tensor:
 
 class _BlockwiseDiffAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, lam, bias, causal, scale):
+    def forward(ctx, q, k, v, lam, bias, causal, scale, dropout_p, seed):
         B, H2, Nq, d = q.shape
         H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
         G = H // Hkv
@@ -118,16 +130,18 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
             s = _block_maps(
                 _block_queries(q6, r0, r1, scale), k5[:, :, :, :kend], bias_b, G, out=_buffer(buf, 2, B, Hkv, G * n, kend)
             )
-            p = s[0].add_(s[1], alpha=-lam_v).to(v.dtype)  # P1 - lam P2 in place, (B, Hkv, G*n, kend)
-            out[:, :, r0:r1] = torch.matmul(p, v[:, :, :kend]).view(B, H, n, dv)
+            p = s[0].add_(s[1], alpha=-lam_v)  # P1 - lam P2 in place, (B, Hkv, G*n, kend)
+            if dropout_p > 0.0:  # one mask on the combined map, shared by every value channel
+                p.mul_(_dropout_scale(p.shape, dropout_p, seed, r0, q.device))
+            out[:, :, r0:r1] = torch.matmul(p.to(v.dtype), v[:, :, :kend]).view(B, H, n, dv)
         ctx.save_for_backward(q, k, v, lam, bias)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.dropout_p, ctx.seed = causal, scale, dropout_p, seed
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, lam, bias = ctx.saved_tensors
-        causal, scale = ctx.causal, ctx.scale
+        causal, scale, dropout_p = ctx.causal, ctx.scale, ctx.dropout_p
         B, H2, Nq, d = q.shape
         H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
         G = H // Hkv
@@ -157,9 +171,15 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
             if p_out is not None:
                 p = torch.sub(s[0], s[1], alpha=lam_v, out=p_out)
             else:
-                p = torch.sub(s[0], s[1], alpha=lam_v).to(v.dtype)
-            dv_acc[:, :, :kend] += torch.matmul(p.transpose(-1, -2), do).float()  # dV = (P1 - lam P2)^T dO, once
+                p = torch.sub(s[0], s[1], alpha=lam_v)
+            drop = _dropout_scale(p.shape, dropout_p, ctx.seed, r0, q.device) if dropout_p > 0.0 else None
+            if drop is not None:
+                p.mul_(drop)
+            # dV = drop(P1 - lam P2)^T dO, once
+            dv_acc[:, :, :kend] += torch.matmul(p.to(v.dtype).transpose(-1, -2), do).float()
             dp = torch.matmul(do, vb.transpose(-1, -2)).float()  # (B, Hkv, G*n, kend), shared by both branches
+            if drop is not None:
+                dp.mul_(drop)  # the gradient reaches P1 - lam P2 through the same mask
             dlam -= torch.dot(s[1].reshape(-1), dp.reshape(-1))
             # dS = P * (dP - rowsum(P * dP)) per branch, written over the maps; branch 2 carries -lam
             for i in (0, 1):
@@ -171,7 +191,7 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
                 dk[:, :, i, :kend] += torch.matmul(ds[i].transpose(-1, -2), qb[i]).float()
         dq.mul_(scale)  # the gradient flowed to the scaled queries
         dk = dk.view(B, 2 * Hkv, Nk, d).to(k.dtype)
-        return dq, dk, dv_acc.to(v.dtype), dlam.to(lam.dtype).reshape(lam.shape), None, None, None
+        return dq, dk, dv_acc.to(v.dtype), dlam.to(lam.dtype).reshape(lam.shape), None, None, None, None, None
 
 
 def diff_attention_blockwise(
@@ -186,9 +206,11 @@ def diff_attention_blockwise(
     scale: Optional[float] = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """Exact blockwise differential attention; same signature and result as the reference backend."""
-    if dropout_p > 0.0:
-        raise ValueError("the blockwise backend has no attention dropout; use backend='sdpa' or 'reference'")
+    """Exact blockwise differential attention; same signature and result as the reference backend.
+
+    With ``dropout_p > 0`` the combined map ``P1 - lam P2`` is dropped once (as the reference does);
+    the mask comes from a seed drawn from torch's default generator, so ``torch.manual_seed`` fixes it.
+    """
     B, H, Hkv, Nq, Nk = check_attention_inputs(
         q, k, v, differential=True, attn_mask=attn_mask, key_padding_mask=key_padding_mask
     )
@@ -197,7 +219,10 @@ def diff_attention_blockwise(
         raise ValueError(f"lam must be a scalar tensor, got shape {tuple(lam.shape)}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     m = prepare_mask(attn_mask, key_padding_mask, causal, Nq, Nk, q.device, keep_causal_separate=True)
-    out = _BlockwiseDiffAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), lam, m.bias, m.causal, scale)
+    seed = int(torch.randint(0, 1 << 62, ())) if dropout_p > 0.0 else 0
+    out = _BlockwiseDiffAttention.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), lam, m.bias, m.causal, scale, float(dropout_p), seed
+    )
     if m.row_valid is not None:
         out = out * m.row_valid
     return out

@@ -64,7 +64,7 @@ class Backend:
 _REGISTRY: dict[str, dict[str, Backend]] = {"diff": {}, "softmax": {}}
 # Preference of ``auto`` per device type; the first backend that can run the call wins.
 _AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
-    "diff": {"cuda": ("triton", "sdpa", "reference"), "cpu": ("blockwise", "sdpa", "reference")},
+    "diff": {"cuda": ("triton", "sdpa", "blockwise", "reference"), "cpu": ("blockwise", "sdpa", "reference")},
     "softmax": {"cuda": ("sdpa", "reference"), "cpu": ("sdpa", "reference")},
 }
 # Differential-only backend names used for a standard-attention call resolve to these.
