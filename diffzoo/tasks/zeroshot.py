@@ -129,6 +129,14 @@ def load_clip_weights(model: nn.Module, path: PathLike, strict: bool = True) -> 
         )
 
 
+def _batches(loader: Iterable) -> int | None:
+    """Number of batches for the progress bar, or None for a stream without a length (e.g. shards)."""
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:  # DataLoader over an IterableDataset with no __len__ of its own
+        return None
+
+
 def _autocast(device: torch.device, precision: str):
     if precision in ("fp32", "32", "32-true"):
         return nullcontext()
@@ -211,7 +219,7 @@ def zero_shot_accuracy(
     model.eval()
     hits = {k: 0 for k in ks}
     pair, n = 0, 0
-    total = len(loader) if hasattr(loader, "__len__") else None
+    total = _batches(loader)
     try:
         for images, labels in _progress(loader, progress, "zero-shot", total):
             images, labels = images.to(device), torch.as_tensor(labels).to(device)
@@ -321,7 +329,7 @@ def encode_pairs(
     was_training = model.training
     model.eval()
     imgs, txts, toks = [], [], []
-    total = len(loader) if hasattr(loader, "__len__") else None
+    total = _batches(loader)
     try:
         for images, tokens in _progress(loader, progress, "encoding pairs", total):
             with _autocast(device, precision):
