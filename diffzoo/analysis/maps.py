@@ -574,11 +574,11 @@ def speech_relevance(
 def needle_relevance(samples: Sequence[Any]) -> tuple[Tensor, Tensor, Tensor]:
     """``(query, answer, noise)`` bool ``(B, N)`` masks of needle-retrieval contexts.
 
-    The definitions of :func:`diffzoo.tasks.retrieval.evaluate_retrieval` (reused, not copied): the
-    queries are the positions that predict the answer tokens, the answer is the queried needle's value
-    in the context, the noise the distractor text. ``samples`` are
+    :func:`diffzoo.data.needles.needle_masks`, the masks :func:`diffzoo.tasks.retrieval.evaluate_retrieval`
+    scores: the queries are the positions that predict the answer tokens, the answer is the queried
+    needle's value in the context, the noise the distractor text. ``samples`` are
     :class:`~diffzoo.data.needles.NeedleSample` of one length.
     """
-    from ..tasks.retrieval import _masks  # imports Lightning: only when text needles are analysed
+    from ..data.needles import needle_masks  # diffzoo.data imports Lightning: only when needles are analysed
 
-    return _masks(list(samples))
+    return needle_masks(samples)
