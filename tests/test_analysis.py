@@ -31,6 +31,8 @@ from diffzoo.kernels.reference import attention_reference, diff_attention_refere
 from diffzoo.layers import Attention, Block, DiffAttention, DiffAttentionV2
 from diffzoo.models.lm import CausalLM
 
+from conftest import rel_err  # tests/ is on sys.path
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -347,10 +349,6 @@ MASKS = {
     "additive": lambda B, H, N: {"attn_mask": torch.randn(1, H, N, N)},
     "bool_empty_row": lambda B, H, N: {"attn_mask": (torch.rand(B, 1, N, N) > 0.3).index_fill_(2, torch.tensor([2]), False)},
 }
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
