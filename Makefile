@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: venv run test test-all bench clean
+.PHONY: venv run test test-all lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ test: venv
 
 test-all: venv
 	$(PY) -m pytest -q -m "slow or not slow"
+
+# ruff: pyflakes, bugbear, import order, pyupgrade ([tool.ruff] in pyproject.toml)
+lint: venv
+	$(PY) -m ruff check .
+
+# mypy over diffzoo/layers and diffzoo/kernels ([tool.mypy] in pyproject.toml)
+typecheck: venv
+	$(PY) -m mypy
 
 bench: venv
 	$(PY) -m benchmarks.attention

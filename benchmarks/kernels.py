@@ -11,8 +11,8 @@ Rows, at equal model width ``D = 2H * d`` (default 2048) and ``B * N = 16K`` tok
 * ``standard``: ``F.scaled_dot_product_attention`` on q, k, v of shape ``(B, 2H, N, d)`` - the
   baseline with matched parameters (FlashAttention-2-class kernel on recent GPUs).
 
-FLOP counts (SPEC section 3, attention core, non-causal, halved for causal): the differential rows
-count the fused algorithm, forward ``6 N^2 D`` and forward+backward ``16 N^2 D`` per sequence, for
+FLOP counts (docs/design.md, "Kernel cost model": attention core, non-causal, halved for causal): the
+differential rows count the fused algorithm, forward ``6 N^2 D`` and forward+backward ``16 N^2 D`` per sequence, for
 both backends (the ``sdpa`` backend executes more, so its figure is "useful" throughput); the
 standard row counts ``4 N^2 D`` and ``14 N^2 D``. The triton kernels with atomic dQ execute exactly
 the fused count. Times are medians of CUDA-event timings of bf16 runs after warm-up (the first calls
@@ -95,8 +95,8 @@ def run(
 ) -> list[dict]:
     results = []
     print(f"device: {torch.cuda.get_device_name()}, bf16, model width D = {width}, B * N = {tokens} tokens")
-    print("TFLOP/s count SPEC section 3: differential rows 6 N^2 D (fwd) / 16 N^2 D (fwd+bwd), "
-          "standard 4 / 14; causal halves them")
+    print("TFLOP/s count the FLOPs of docs/design.md (Kernel cost model): differential rows 6 N^2 D (fwd) / "
+          "16 N^2 D (fwd+bwd), standard 4 / 14; causal halves them")
     header = f"{'row':9s} {'causal':6s} {'d':>4s} {'N':>6s} {'B':>3s} | {'fwd ms':>8s} {'TFLOP/s':>7s} | " \
              f"{'f+b ms':>8s} {'TFLOP/s':>7s} {'x std':>6s}"
     print(header)

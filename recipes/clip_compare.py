@@ -92,9 +92,8 @@ def count_params(model: str) -> int:
     """Parameters of an open_clip model by name (diffzoo's configs registered first)."""
     import open_clip
 
-    from diffzoo.data.image_text import import_clip_models
+    import diffzoo.models.clip  # noqa: F401  (registers diffzoo's CLIP configs with open_clip)
 
-    import_clip_models()
     return sum(p.numel() for p in open_clip.create_model(model).parameters())
 
 

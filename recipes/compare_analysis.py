@@ -1,7 +1,8 @@
 """The analysis half of ``python -m recipes.compare --analysis``: diffzoo.analysis on every trained model.
 
 For each family, each collected seed, the differential model and its softmax baseline are loaded from
-their exported weights and measured on the family's own held-out data (SPEC.md section 5):
+their exported weights and measured on the family's own held-out data (docs/design.md, "Attention noise"
+and the sections after it):
 
 * **attention noise**: the share of attention the query puts on the task's relevant tokens (ViT: class
   token -> patches covering the digit; CLIP image tower: the same on the coloured digits; speech: class

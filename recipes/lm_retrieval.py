@@ -3,7 +3,7 @@
 Contexts of distractor text from the held-out end of the corpus (default: the embedded pydoc topics)
 with N needles ``" The key of ABC is 123. "`` at chosen depths, ending in a query for one of them.
 Prints exact-match accuracy by context length, needle count and depth, and the paper's attention to
-the answer and to the noise (SPEC section 5); ``--json`` saves every cell.
+the answer and to the noise (docs/design.md, "Attention noise"); ``--json`` saves every cell.
 
     python -m recipes.lm_retrieval --weights outputs/lm/version_0/model.safetensors
     python -m recipes.lm_retrieval --weights ... --lengths 128 256 --needles 1 2 4 6 --samples 20

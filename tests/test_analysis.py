@@ -31,6 +31,8 @@ from diffzoo.kernels.reference import attention_reference, diff_attention_refere
 from diffzoo.layers import Attention, Block, DiffAttention, DiffAttentionV2
 from diffzoo.models.lm import CausalLM
 
+from conftest import rel_err  # tests/ is on sys.path
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -249,6 +251,29 @@ def test_needle_relevance_marks_value_and_queries():
     assert not (noise & answer).any()
 
 
+def test_needle_masks_batch_each_sample_and_refuse_mixed_lengths():
+    from diffzoo.analysis import needle_relevance
+    from diffzoo.data.needles import make_needle_sample, needle_masks
+    from diffzoo.data.text import ByteTokenizer
+
+    tok = ByteTokenizer()
+    filler = np.frombuffer(b"lorem ipsum dolor sit amet " * 20, dtype=np.uint8).astype(np.int64)
+    rng = np.random.default_rng(1)
+    batch = [make_needle_sample(filler, tok, 160, n, d, rng) for n, d in ((1, 0.0), (3, 1.0))]
+    query, answer, noise = needle_masks(batch)
+    for i, s in enumerate(batch):
+        assert answer[i].nonzero().flatten().tolist() == list(range(*s.value))
+        assert query[i].nonzero().flatten().tolist() == list(range(s.answer[0] - 1, s.answer[1] - 1))
+        assert torch.equal(noise[i], s.noise_mask())
+        for start, end in s.needles:  # needle text is neither noise nor (outside the value) answer
+            assert not noise[i, start:end].any()
+    for got, want in zip(needle_relevance(batch), (query, answer, noise)):
+        assert torch.equal(got, want)
+    short = make_needle_sample(filler, tok, 100, 1, 0.5, rng)
+    with pytest.raises(ValueError, match=r"different lengths \[100, 160\]"):
+        needle_masks([batch[0], short])
+
+
 # -- outliers -------------------------------------------------------------------------------------
 def test_outlier_stats_with_a_planted_outlier():
     x = torch.ones(1000)
@@ -324,10 +349,6 @@ MASKS = {
     "additive": lambda B, H, N: {"attn_mask": torch.randn(1, H, N, N)},
     "bool_empty_row": lambda B, H, N: {"attn_mask": (torch.rand(B, 1, N, N) > 0.3).index_fill_(2, torch.tensor([2]), False)},
 }
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 @pytest.mark.parametrize("mask", list(MASKS))

@@ -4,9 +4,7 @@ zero-shot scoring of the produced checkpoint, shard configs, and what gradient a
 from __future__ import annotations
 
 import copy
-import csv
 import json
-import os
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -18,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from recipes.clip import CONFIG_DIR, cli_main
 
+from conftest import QUIET_CPU_TRAINER, printed_config, train_losses  # tests/ is on sys.path
 from test_clip_data import register_tiny_clip  # tests/ is on sys.path (rootdir import mode)
 
 
@@ -42,20 +41,9 @@ data:
     num_test: 100
     batch_size: 50
     colorings: 1
-trainer:
-  accelerator: cpu
-  devices: 1
-  log_every_n_steps: 1
-  num_sanity_val_steps: 0
-  enable_progress_bar: false
-  enable_model_summary: false
+{QUIET_CPU_TRAINER}
 """)
     return path
-
-
-def _losses(log_dir: str) -> list[float]:
-    with open(os.path.join(log_dir, "metrics.csv")) as f:
-        return [float(r["train/loss_step"]) for r in csv.DictReader(f) if r.get("train/loss_step")]
 
 
 def test_fit_resume_and_zeroshot_of_the_checkpoint(tiny: str, tmp_path: Path, monkeypatch) -> None:
@@ -64,7 +52,7 @@ def test_fit_resume_and_zeroshot_of_the_checkpoint(tiny: str, tmp_path: Path, mo
     straight = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "2"])
     assert straight.trainer.global_step == 8  # 200 training digits / 50, 2 epochs
     assert straight.datamodule.hparams.model == tiny  # linked from model.model
-    losses = _losses(straight.trainer.log_dir)
+    losses = train_losses(straight.trainer.log_dir)
     assert len(losses) == 8 and np.mean(losses[-3:]) < losses[0]
     summary = json.loads(Path(straight.trainer.log_dir, "summary.json").read_text())
     m = summary["metrics"]
@@ -155,14 +143,11 @@ def test_shard_config_trains_and_scores_folder_and_shards(tiny: str, tmp_path: P
 
 
 def test_print_config_shows_the_default(capsys) -> None:
-    with pytest.raises(SystemExit) as e:
-        cli_main(["--print_config"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+    out = printed_config(cli_main, capsys)
     assert "model: DiffCLIP-nano" in out and "ColoredDigitsDataModule" in out and "monitor: val/zs_top1" in out
 
 
-def test_gradient_accumulation_averages_micro_batch_losses(tiny: str, tmp_path: Path) -> None:
+def test_gradient_accumulation_averages_micro_batchtrain_losses(tiny: str, tmp_path: Path) -> None:
     import open_clip
 
     from diffzoo.tasks.contrastive import ContrastiveTask

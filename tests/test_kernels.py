@@ -12,11 +12,9 @@ from diffzoo.kernels import attention, diff_attention, registry
 from diffzoo.kernels import blockwise as blockwise_mod
 from diffzoo.kernels.reference import attention_reference, diff_attention_reference
 
+from conftest import rel_err  # tests/ is on sys.path
+
 CPU_BACKENDS = ["sdpa", "blockwise"]
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
 
 
 def make_inputs(B=2, H=4, Hkv=2, Nq=37, Nk=37, d=8, dv=None, dtype=torch.float32, seed=0):

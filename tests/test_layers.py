@@ -22,11 +22,9 @@ from diffzoo.layers import (
     matched_attention_pair,
 )
 
+from conftest import rel_err  # tests/ is on sys.path
+
 BACKENDS = ["reference", "sdpa", "blockwise"]
-
-
-def rel_err(a, b):
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
 
 
 # -- lambda -------------------------------------------------------------------------------------

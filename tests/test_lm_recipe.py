@@ -10,7 +10,7 @@ import torch
 
 from recipes.lm import CONFIG_DIR, cli_main
 
-from test_vit_recipe import _losses  # tests/ is on sys.path (rootdir import mode)
+from conftest import QUIET_CPU_TRAINER, printed_config, train_losses  # tests/ is on sys.path
 
 
 def _write_config(tmp_path: Path, extra: str = "") -> Path:
@@ -34,13 +34,7 @@ data:
   val_windows: 4
   needle_fraction: 0.25
   needle_counts: [1]
-trainer:
-  accelerator: cpu
-  devices: 1
-  log_every_n_steps: 1
-  num_sanity_val_steps: 0
-  enable_progress_bar: false
-  enable_model_summary: false
+{QUIET_CPU_TRAINER}
 {extra}
 """)
     return path
@@ -50,7 +44,7 @@ def test_two_steps_reduce_the_loss(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     cli = cli_main(["fit", "--config", str(_write_config(tmp_path)), "--trainer.max_steps", "2"])
     assert cli.trainer.global_step == 2 and cli.model.hparams.vocab_size == 256  # linked from the byte tokenizer
-    losses = _losses(cli.trainer.log_dir)
+    losses = train_losses(cli.trainer.log_dir)
     assert len(losses) == 2 and losses[1] < losses[0]
     assert list(Path(tmp_path / "cache").glob("corpus-byte-*.bin"))  # tokenised once into a token file
     with pytest.raises(ValueError, match="too short for needle_counts up to 2"):
@@ -81,7 +75,7 @@ def test_resume_continues_exactly_and_exports(tmp_path: Path, monkeypatch) -> No
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), f"{k} differs after resume"
-    assert _losses(resumed.trainer.log_dir)[-2:] == pytest.approx(_losses(straight.trainer.log_dir)[-2:], abs=1e-5)
+    assert train_losses(resumed.trainer.log_dir)[-2:] == pytest.approx(train_losses(straight.trainer.log_dir)[-2:], abs=1e-5)
 
     summary = json.loads(Path(resumed.trainer.log_dir, "summary.json").read_text())
     metrics = summary["metrics"]
@@ -100,8 +94,5 @@ def test_resume_continues_exactly_and_exports(tmp_path: Path, monkeypatch) -> No
 
 
 def test_print_config_shows_the_default(capsys) -> None:
-    with pytest.raises(SystemExit) as e:
-        cli_main(["--print_config"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+    out = printed_config(cli_main, capsys)
     assert "lm_tiny" in out and "needle_fraction: 0.5" in out and (CONFIG_DIR / "lm_pydoc.yaml").is_file()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,14 +10,10 @@ import torch
 
 from recipes.speech_commands import CONFIG_DIR, cli_main
 
+from conftest import printed_config, train_losses  # tests/ is on sys.path
 from test_speech_data import TINY_WORDS, make_speech_commands, tiny_synth_config  # tests/ is on sys.path
 
 TINY_MODEL = '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_time": 4}'
-
-
-def _losses(log_dir: str) -> list[float]:
-    with open(os.path.join(log_dir, "metrics.csv")) as f:
-        return [float(r["train/loss_step"]) for r in csv.DictReader(f) if r.get("train/loss_step")]
 
 
 def test_short_run_on_synthesised_clips_reduces_the_loss(tmp_path: Path, monkeypatch) -> None:
@@ -54,7 +48,7 @@ trainer:
     cli = cli_main(["fit", "--config", str(cfg)])
     assert len(TINY_WORDS) == 12 and len(cli.datamodule.train_set) == 36  # 3 per class, one batch
     assert cli.trainer.global_step == 8 and cli.model.hparams.num_classes == 12
-    losses = _losses(cli.trainer.log_dir)
+    losses = train_losses(cli.trainer.log_dir)
     assert len(losses) == 8 and sum(losses[-2:]) < sum(losses[:2]), losses
     summary = json.loads(Path(cli.trainer.log_dir, "summary.json").read_text())
     assert 0.0 <= summary["metrics"]["test/top1"] <= 1.0 and "val/top1" in summary["metrics"]
@@ -69,10 +63,7 @@ trainer:
 
 
 def test_print_config_shows_the_default(capsys) -> None:
-    with pytest.raises(SystemExit) as e:
-        cli_main(["--print_config"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+    out = printed_config(cli_main, capsys)
     assert "diffkwt_nano" in out and "SynthKeywordsDataModule" in out and "max_epochs: 12" in out
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import torch
 
 from recipes.vit_imagenet import CONFIG_DIR, cli_main
 
+from conftest import QUIET_CPU_TRAINER, printed_config, train_losses  # tests/ is on sys.path
 from test_data_vision import make_folder, make_shards  # tests/ is on sys.path (rootdir import mode)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,22 +30,10 @@ model:
   lr: 0.003
   warmup_epochs: 0
 {data}
-trainer:
-  accelerator: cpu
-  devices: 1
-  log_every_n_steps: 1
-  num_sanity_val_steps: 0
-  enable_progress_bar: false
-  enable_model_summary: false
+{QUIET_CPU_TRAINER}
 {extra}
 """)
     return path
-
-
-def _losses(log_dir: str) -> list[float]:
-    with open(os.path.join(log_dir, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
-    return [float(r["train/loss_step"]) for r in rows if r.get("train/loss_step")]
 
 
 def _folder_data(root: Path) -> str:
@@ -67,7 +55,7 @@ def test_two_steps_on_image_folders_reduce_the_loss(tmp_path: Path, monkeypatch)
     cli = cli_main(["fit", "--config", str(cfg), "--trainer.max_steps", "2"])
     assert cli.trainer.global_step == 2
     assert cli.model.model.patch_embed.img_size == (16, 16) and cli.model.hparams.num_classes == 3
-    losses = _losses(cli.trainer.log_dir)
+    losses = train_losses(cli.trainer.log_dir)
     assert len(losses) == 2 and losses[1] < losses[0]
     summary = json.loads(Path(cli.trainer.log_dir, "summary.json").read_text())
     assert 0.0 <= summary["metrics"]["val/top1"] <= 1.0
@@ -93,7 +81,7 @@ def test_two_steps_on_shards_reduce_the_loss(tmp_path: Path, monkeypatch) -> Non
     cfg = _write_config(tmp_path / "c.yaml", data, model="softvit_nano_patch7_28")
     cli = cli_main(["fit", "--config", str(cfg), "--trainer.max_steps", "2"])
     assert cli.trainer.global_step == 2
-    losses = _losses(cli.trainer.log_dir)
+    losses = train_losses(cli.trainer.log_dir)
     assert len(losses) == 2 and losses[1] < losses[0]
 
 
@@ -134,7 +122,7 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch) -> None:
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), f"{k} differs after resume"
-    assert _losses(resumed.trainer.log_dir)[-4:] == pytest.approx(_losses(straight.trainer.log_dir)[-4:], abs=1e-5)
+    assert train_losses(resumed.trainer.log_dir)[-4:] == pytest.approx(train_losses(straight.trainer.log_dir)[-4:], abs=1e-5)
 
     # export: the safetensors file reloads through timm and gives the same logits
     from diffzoo.tasks import export_checkpoint, load_exported
@@ -149,10 +137,7 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_print_config_and_default_config(capsys) -> None:
-    with pytest.raises(SystemExit) as e:
-        cli_main(["--print_config"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
+    out = printed_config(cli_main, capsys)
     assert "diffvit_nano_patch7_28" in out and "DigitsDataModule" in out and "max_epochs: 15" in out
 
 

@@ -1,7 +1,8 @@
 """diffzoo.analysis: the paper's attention-noise measurements for any model built from diffzoo.layers.
 
-Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258), Sections 3.4 and 3.7; SPEC.md
-section 5. Nothing here changes a model: recorders wrap the attention layers only inside a ``with``.
+Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258), Sections 3.4 and 3.7; the
+definitions are in docs/design.md ("Attention noise", "Activation outliers", "Low-bit attention").
+Nothing here changes a model: recorders wrap the attention layers only inside a ``with``.
 
 * :mod:`.maps` - :func:`record_attention` (attn1, attn2, attn1 - lam attn2, softmax maps, lambda per
   layer), answer share / entropy / negative share (:func:`attention_noise`) and the relevant tokens of

@@ -1,7 +1,8 @@
 """Low-bit attention: absmax quantisation of the attention logits, for any evaluation.
 
 Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258), Section 3.7 ("Quantized
-Attention"): the attention logits are quantised to fewer bits; SPEC.md section 5 asks for 8, 6 and 4.
+Attention"): the attention logits are quantised to fewer bits, 8, 6 and 4 in the paper (docs/design.md,
+"Low-bit attention").
 
 For ``b`` bits, ``qmax = 2**(b-1) - 1`` and logits ``s = q k^T * scale`` (per branch for differential
 attention, before the mask)::

@@ -1,7 +1,7 @@
 """Attention maps of any diffzoo model, and the paper's attention-noise scores over them.
 
 Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258), Section 3.4 / Table 3; the
-definitions are those of SPEC.md section 5.
+definitions are those of docs/design.md, "Attention noise".
 
 :func:`record_attention` makes every :class:`~diffzoo.layers.AttentionBase` module of a model compute
 its attention maps during an ordinary ``model(...)`` call, without the model's ``forward`` knowing::
@@ -340,7 +340,7 @@ def _row_mean(values: Tensor, valid: Tensor) -> Tensor:
 
 
 def answer_share(a: Tensor, query: Any, relevant: Any) -> Tensor:
-    """``mean_{i in G} sum_{j in A} a_ij / sum_j a_ij`` per sample and head (SPEC section 5).
+    """``mean_{i in G} sum_{j in A} a_ij / sum_j a_ij`` per sample and head (docs/design.md, "Attention noise").
 
     Args:
         a: ``(B, H, Nq, Nk)`` map; for differential layers ``attn1 - lam * attn2`` (row sum ``1 - lam``).
@@ -574,11 +574,11 @@ def speech_relevance(
 def needle_relevance(samples: Sequence[Any]) -> tuple[Tensor, Tensor, Tensor]:
     """``(query, answer, noise)`` bool ``(B, N)`` masks of needle-retrieval contexts.
 
-    The definitions of :func:`diffzoo.tasks.retrieval.evaluate_retrieval` (reused, not copied): the
-    queries are the positions that predict the answer tokens, the answer is the queried needle's value
-    in the context, the noise the distractor text. ``samples`` are
+    :func:`diffzoo.data.needles.needle_masks`, the masks :func:`diffzoo.tasks.retrieval.evaluate_retrieval`
+    scores: the queries are the positions that predict the answer tokens, the answer is the queried
+    needle's value in the context, the noise the distractor text. ``samples`` are
     :class:`~diffzoo.data.needles.NeedleSample` of one length.
     """
-    from ..tasks.retrieval import _masks  # imports Lightning: only when text needles are analysed
+    from ..data.needles import needle_masks  # diffzoo.data imports Lightning: only when needles are analysed
 
-    return _masks(list(samples))
+    return needle_masks(samples)

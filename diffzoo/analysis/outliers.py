@@ -1,8 +1,8 @@
 """Activation outliers: the largest attention logits and hidden states against their median.
 
 Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258), Section 3.7 / Table 5 report the
-top activation magnitudes of attention logits and hidden states next to their median; SPEC.md
-section 5. For a set of values ``x`` (one layer, one forward call) and ``k = 10``::
+top activation magnitudes of attention logits and hidden states next to their median (docs/design.md,
+"Activation outliers"). For a set of values ``x`` (one layer, one forward call) and ``k = 10``::
 
     m            = |x| over the set, sorted decreasingly: m_(1) >= m_(2) >= ...
     top1         = m_(1)

@@ -20,7 +20,6 @@ transform; pass ``as_pil=True`` for the digits) or a tensor transform (:class:`T
 
 from __future__ import annotations
 
-import importlib
 import io
 import logging
 import os
@@ -61,20 +60,14 @@ DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 CAPTION_TEMPLATES: tuple[str, ...] = ("a {}",)  # class name "red seven on a blue background" -> the caption
 
 
-def import_clip_models() -> None:
-    """Import :mod:`diffzoo.models.clip` when it exists (it registers the DiffCLIP open_clip configs)."""
-    try:
-        importlib.import_module("diffzoo.models.clip")
-    except ModuleNotFoundError as e:
-        if e.name != "diffzoo.models.clip":
-            raise
-
-
 def clip_model_config(model: str) -> Optional[dict[str, Any]]:
-    """open_clip's config dict of ``model`` (after registering diffzoo's), or None for an unknown name."""
+    """open_clip's config dict of ``model``, or None for a name open_clip does not know.
+
+    The names come from open_clip's registry: its own models, and diffzoo's CLIP family, which
+    ``import diffzoo`` registers (this module never imports the models).
+    """
     import open_clip
 
-    import_clip_models()
     return open_clip.get_model_config(model)
 
 

@@ -1,4 +1,4 @@
-"""Multi-needle key-information retrieval contexts (the paper's Section 3.4 test, SPEC section 5).
+"""Multi-needle key-information retrieval contexts (the paper's Section 3.4 test; docs/design.md, "Attention noise").
 
 A context is distractor text (real corpus tokens) with ``N`` needles ``" The key of ABC is 123. "``
 inserted at chosen depths, followed by a query that repeats one needle's prefix; the model must
@@ -10,20 +10,30 @@ produce its value::
 
 The queried needle sits at ``depth`` (0 = start of the context, 1 = just before the query); the
 other ``N - 1`` needles, with distinct names, are placed uniformly at random. Every span is recorded
-so the evaluation can measure attention to the answer and to the distractors.
+so the evaluation can measure attention to the answer and to the distractors; :func:`needle_masks`
+turns the spans of a batch into the query / answer / noise token masks of the attention scores.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["NeedleSample", "Tokenizer", "make_needle_sample", "needle_sample_from_seed", "needle_text", "query_text"]
+__all__ = [
+    "NeedleSample",
+    "Tokenizer",
+    "make_needle_sample",
+    "needle_masks",
+    "needle_sample_from_seed",
+    "needle_text",
+    "query_text",
+]
 
 
 class Tokenizer(Protocol):
@@ -69,6 +79,29 @@ class NeedleSample:
         for s, e in self.needles:
             mask[s:e] = False
         return mask
+
+
+def needle_masks(samples: Sequence[NeedleSample]) -> tuple[Tensor, Tensor, Tensor]:
+    """``(query, answer, noise)`` bool ``(B, N)`` token masks of contexts of one length ``N``.
+
+    ``query``: the positions that predict the answer tokens (each answer token's predecessor);
+    ``answer``: the queried needle's value inside the context; ``noise``: the distractor text
+    (:meth:`NeedleSample.noise_mask`).
+    """
+    samples = list(samples)
+    if not samples:
+        raise ValueError("needle_masks needs at least one NeedleSample")
+    lengths = sorted({len(s.tokens) for s in samples})
+    if len(lengths) > 1:
+        raise ValueError(f"the samples have different lengths {lengths}; pass contexts of one length per batch")
+    B, N = len(samples), lengths[0]
+    query = torch.zeros(B, N, dtype=torch.bool)
+    answer = torch.zeros(B, N, dtype=torch.bool)
+    noise = torch.stack([s.noise_mask() for s in samples])
+    for i, s in enumerate(samples):
+        query[i, s.answer[0] - 1 : s.answer[1] - 1] = True  # positions whose next token is an answer token
+        answer[i, s.value[0] : s.value[1]] = True
+    return query, answer, noise
 
 
 def _random_names(rng: np.random.Generator, n: int, letters: int = 3) -> list[str]:
@@ -154,7 +187,7 @@ def needle_sample_from_seed(
     length: int,
     seed: int,
     needle_counts: Sequence[int] = (1, 2, 4),
-    depth: Optional[float] = None,
+    depth: float | None = None,
 ) -> NeedleSample:
     """A training-mix sample: needle count and depth drawn from ``seed`` (depth uniform unless given)."""
     rng = np.random.default_rng(seed)

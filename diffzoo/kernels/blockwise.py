@@ -2,8 +2,8 @@
 
 For a block of query rows it forms both softmax maps over *all* keys (exact, not online), combines
 them into ``P = P1 - lam * P2`` and multiplies by ``V`` once, so the forward costs the FLOPs of one
-standard attention (SPEC section 3) while memory stays ``O(block * N)``. The backward recomputes the
-maps of each block with the same fused softmax (nothing of size ``N^2`` is stored), computes
+standard attention (docs/design.md, "Kernel cost model") while memory stays ``O(block * N)``. The
+backward recomputes the maps of each block with the same fused softmax (nothing of size ``N^2`` is stored), computes
 ``dV = P^T dO`` once, shares ``dP = dO V^T`` between both branches and returns the gradient of lambda.
 
 Grouped-query heads are folded into the row dimension (the ``G`` query heads of one key/value group

@@ -1,4 +1,4 @@
-"""Key-information retrieval evaluation and the paper's attention-noise scores (SPEC section 5).
+"""Key-information retrieval evaluation and the paper's attention-noise scores (docs/design.md, "Attention noise").
 
 For query tokens ``G``, answer tokens ``A`` and noise tokens ``Nz`` (paper, Table 3)::
 
@@ -12,15 +12,14 @@ queried needle's value in the context and ``Nz`` the distractor text.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..analysis.maps import answer_share, effective_map
-
-from ..data.needles import NeedleSample, Tokenizer, make_needle_sample
+from ..data.needles import Tokenizer, make_needle_sample, needle_masks
 
 __all__ = ["attention_scores", "evaluate_retrieval"]
 
@@ -50,17 +49,6 @@ def attention_scores(
         ans.append(answer_share(a, query, answer).mean(-1))  # (B,)
         nz.append(answer_share(a, query, noise).mean(-1))
     return torch.stack(ans).mean(0), torch.stack(nz).mean(0)
-
-
-def _masks(samples: list[NeedleSample]) -> tuple[Tensor, Tensor, Tensor]:
-    B, N = len(samples), len(samples[0].tokens)
-    query = torch.zeros(B, N, dtype=torch.bool)
-    answer = torch.zeros(B, N, dtype=torch.bool)
-    noise = torch.stack([s.noise_mask() for s in samples])
-    for i, s in enumerate(samples):
-        query[i, s.answer[0] - 1 : s.answer[1] - 1] = True  # positions whose next token is an answer token
-        answer[i, s.value[0] : s.value[1]] = True
-    return query, answer, noise
 
 
 @torch.no_grad()
@@ -103,7 +91,7 @@ def evaluate_retrieval(
                     a0, a1 = batch[0].answer
                     hit = (logits[:, a0 - 1 : a1 - 1].argmax(-1) == tokens[:, a0:a1]).all(-1)
                     correct += int(hit.sum())
-                    query, answer, noise = (m.to(device) for m in _masks(batch))
+                    query, answer, noise = (m.to(device) for m in needle_masks(batch))
                     s_ans, s_noise = attention_scores(maps, query, answer, noise)
                     ans_scores += s_ans.tolist()
                     noise_scores += s_noise.tolist()

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ..data.image_text import import_clip_models
+from ..models import clip as _clip_family  # noqa: F401  (registers diffzoo's CLIP configs with open_clip)
 
 PathLike = Union[str, os.PathLike]
 
@@ -46,7 +46,6 @@ def check_model_name(name: str) -> None:
     """Raise ``ValueError`` (with close matches) unless ``name`` is a registered open_clip model config."""
     import open_clip
 
-    import_clip_models()
     if name.startswith(("hf-hub:", "local-dir:")) or open_clip.get_model_config(name) is not None:
         return
     close = difflib.get_close_matches(name, open_clip.list_models(), n=5, cutoff=0.5)
