@@ -158,6 +158,8 @@ class ShardImageDataset(IterableDataset):
                 try:
                     item = self._decode(sample)
                 except Exception as e:  # noqa: BLE001 - one unusable sample must not end a run
+                    if self._corrupt[shard]:  # the fragment a broken tar leaves: part of the shard's failure
+                        continue
                     nth_bad += 1
                     self._sample_failed(shard, nth_bad, sample, e)
                     continue

@@ -133,10 +133,3 @@ class EvalDataLoader(DataLoader):
         for batch in super().__iter__():
             if batch is not None:
                 yield batch
-
-
-def num_skipped(dataset: Any) -> int:
-    """``num_bad`` of a data set, looking through ``torch.utils.data.Subset`` wrappers (0 when it has none)."""
-    while not hasattr(dataset, "num_bad") and hasattr(dataset, "dataset"):
-        dataset = dataset.dataset
-    return int(getattr(dataset, "num_bad", 0) or 0)
