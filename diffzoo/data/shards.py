@@ -197,7 +197,10 @@ class ShardImageDataset(IterableDataset):
                 got += 1
                 yield item
             if np.frombuffer(self._corrupt, dtype=np.uint8).all():
-                raise RuntimeError(f"no readable sample: every shard is corrupt ({', '.join(self.urls[:3])}, ...)")
+                raise RuntimeError(
+                    f"no readable sample: all {len(self.urls)} shard(s) are corrupt (e.g. {self.urls[0]}); "
+                    "check the shard files (see the log for each error)"
+                )
             newly_corrupt = any(self._corrupt[self._shard_index[u]] for u in shards if u not in known_corrupt)
             if got == 0 and len(known_corrupt) < len(shards) and not newly_corrupt:
                 raise RuntimeError(f"no readable sample in shard(s) {', '.join(shards)}")
