@@ -15,7 +15,8 @@ retrieval on the seen-pair validation digits; ``--split-seed`` must match traini
 
 ``--checkpoint`` takes a diffzoo Lightning checkpoint, a ``model.safetensors`` export, an open_clip
 checkpoint or a plain state dict; ``--model`` may be left out when the checkpoint names its model.
-Prints a table and writes JSON (``--out``).
+Prints a table and writes JSON (``--out``). Unreadable images and corrupt shards or samples are left out
+(never replaced by another sample): each source reports ``n`` (images or pairs evaluated) and ``skipped``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         digit_classes,
         zeroshot_folder,
     )
+    from diffzoo.data.skipping import EvalDataLoader
     from diffzoo.tasks.zeroshot import (
         check_model_name,
         checkpoint_model_name,
@@ -77,7 +79,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     templates = open_clip.OPENAI_IMAGENET_TEMPLATES if args.templates == "openai" else open_clip.SIMPLE_IMAGENET_TEMPLATES
 
     def loader(dataset) -> DataLoader:
-        return DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers, shuffle=False)
+        return EvalDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers, shuffle=False)
 
     def limited(dataset):
         if args.limit is None or not hasattr(dataset, "__len__"):
@@ -92,12 +94,12 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         dataset, classnames = zeroshot_folder(root, preprocess, imagenet=imagenet, classnames_file=args.classnames)
         classifier = zero_shot_classifier(model, tokenizer, classnames, templates, device, progress=progress)
         results[name] = zero_shot_accuracy(model, classifier, loader(limited(dataset)), **run)
-        results[name]["classes"] = len(classnames)
+        results[name].update(skipped=dataset.num_bad, classes=len(classnames))
     if args.shards:
         dataset = ShardImageTextDataset(args.shards, preprocess, tokenizer, shuffle=False)
         img, txt, tok = encode_pairs(model, loader(dataset), **run)
         results["shards"] = pair_retrieval(img, txt, tok, progress=progress)
-        results["shards"].update(pairs=len(img), bad_samples=dataset.num_bad)
+        results["shards"].update(n=len(img), skipped=dataset.num_bad)
     if args.embedded:
         size, mean, std = clip_preprocess_cfg(model_name)
         transform = ToFloatTensor(size, mean, std)

@@ -11,6 +11,7 @@ from .embedded import load_mnist_5k, mnist_5k_path
 from .folder import RobustImageFolder, find_classes, scan_images
 from .modules import DigitsDataModule, ImageFolderDataModule, ShardDataModule, epoch_sampler
 from .shards import ShardImageDataset, expand_urls
+from .skipping import EvalDataLoader, SkipNone, SkipsBadItems
 from .image_text import (
     ColoredDigits,
     ColoredDigitsDataModule,
@@ -41,6 +42,7 @@ __all__ = [
     "ColoredDigits",
     "ColoredDigitsDataModule",
     "DigitsDataModule",
+    "EvalDataLoader",
     "Espeak",
     "ImageFolderDataModule",
     "ImageTextShardDataModule",
@@ -49,6 +51,8 @@ __all__ = [
     "ShardDataModule",
     "ShardImageDataset",
     "ShardImageTextDataset",
+    "SkipNone",
+    "SkipsBadItems",
     "SoundfileSpeechCommands",
     "SpeechCommandsDataModule",
     "SpeechCommandsKeywords",

@@ -1,26 +1,23 @@
 """ImageNet-layout image folders (``<split>/<class>/<image>``) that survive bad files.
 
 A missing folder or an empty class is an error raised when the data set is built. An unreadable or
-truncated image met during training is skipped: it is logged, counted in :attr:`RobustImageFolder.num_bad`
-(shared by the DataLoader workers), and replaced by the next readable image so batches stay full.
+truncated image, or one the transform fails on, is skipped: it is logged once, counted once in
+:attr:`RobustImageFolder.num_bad` (shared by the DataLoader workers) and, in training, replaced by the next
+usable image so batches stay full; in evaluation (``substitute=False``) it is left out (see
+:mod:`diffzoo.data.skipping`).
 """
 
 from __future__ import annotations
 
-import logging
-import multiprocessing as mp
 import os
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from PIL import Image
-from torch.utils.data import Dataset
 
-log = logging.getLogger("diffzoo.data")
+from .skipping import MAX_CONSECUTIVE_BAD, SkipsBadItems  # noqa: F401  (MAX_CONSECUTIVE_BAD re-exported)
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".tif", ".tiff")
-# Give up after this many unreadable images in a row: the data is broken, not a few files.
-MAX_CONSECUTIVE_BAD = 64
 
 
 def find_classes(root: os.PathLike) -> list[str]:
@@ -67,15 +64,21 @@ def scan_images(
     return samples
 
 
-class RobustImageFolder(Dataset):
-    """Images in ``root/<class>/*`` with integer labels; unreadable images are skipped and counted.
+class RobustImageFolder(SkipsBadItems):
+    """Images in ``root/<class>/*`` with integer labels; unusable images are skipped and counted once.
 
     Args:
         root: split folder (``.../train`` or ``.../val``).
         classes: class names defining label indices (default: the folders of ``root``).
         transform: applied to the PIL image.
         mode: PIL mode the images are converted to (``"RGB"`` or ``"L"``).
+        substitute: replace a skipped image by the next usable one (training); False returns None for it,
+            to be left out by :class:`~diffzoo.data.skipping.EvalDataLoader` (evaluation).
     """
+
+    # PIL raises all of these for broken files
+    read_errors = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+    bad_noun = "unreadable images"
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class RobustImageFolder(Dataset):
         classes: Optional[Sequence[str]] = None,
         transform: Optional[Callable] = None,
         mode: str = "RGB",
+        substitute: bool = True,
     ) -> None:
         self.root = Path(root)
         self.classes = list(classes) if classes is not None else find_classes(self.root)
@@ -91,12 +95,7 @@ class RobustImageFolder(Dataset):
         self.samples = scan_images(self.root, self.classes)
         self.transform = transform
         self.mode = mode
-        self._num_bad = mp.Value("i", 0)  # shared with forked / spawned DataLoader workers
-
-    @property
-    def num_bad(self) -> int:
-        """Failed image reads so far (all workers of this process; a bad file read twice counts twice)."""
-        return int(self._num_bad.value)
+        self.init_skipping(len(self.samples), substitute)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -108,20 +107,11 @@ class RobustImageFolder(Dataset):
             img.load()  # decode now, so truncated files fail here and not inside a transform
             return img.convert(self.mode)
 
-    def __getitem__(self, index: int):
-        for attempt in range(MAX_CONSECUTIVE_BAD):
-            i = (index + attempt) % len(self.samples)
-            try:
-                img = self.load(i)
-            except (OSError, ValueError, SyntaxError) as e:  # PIL raises all three for bad files
-                with self._num_bad.get_lock():
-                    self._num_bad.value += 1
-                log.warning("skipping unreadable image %s: %s", self.samples[i][0], e)
-                continue
-            if self.transform is not None:
-                img = self.transform(img)
-            return img, self.samples[i][1]
-        raise RuntimeError(
-            f"{MAX_CONSECUTIVE_BAD} unreadable images in a row from {self.samples[index][0]}; "
-            "the data set looks corrupt"
-        )
+    def read(self, index: int) -> Image.Image:
+        return self.load(index)
+
+    def finish(self, index: int, raw: Image.Image) -> tuple[Any, int]:
+        return (self.transform(raw) if self.transform is not None else raw), self.samples[index][1]
+
+    def describe(self, index: int) -> str:
+        return f"image {self.samples[index][0]}"

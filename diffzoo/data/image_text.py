@@ -40,6 +40,7 @@ from .embedded import load_mnist_5k
 from .folder import RobustImageFolder, find_classes
 from .modules import epoch_sampler
 from .shards import ShardImageDataset
+from .skipping import EvalDataLoader
 
 log = logging.getLogger("diffzoo.data")
 
@@ -400,9 +401,9 @@ class ShardImageTextDataset(ShardImageDataset):
             raise ValueError("empty caption")
         return text
 
-    def _decode(self, sample: dict) -> Optional[tuple]:
-        item = super()._decode(sample)  # image decoding, skipping and counting as for class shards
-        if item is None or self.tokenizer is None:
+    def _decode(self, sample: dict) -> tuple:
+        item = super()._decode(sample)  # image decoding as for class shards; failures are skipped and counted
+        if self.tokenizer is None:
             return item
         return item[0], self.tokenizer([item[1]])[0]
 
@@ -514,6 +515,10 @@ def zeroshot_folder(
 ) -> tuple[RobustImageFolder, list[str]]:
     """An image folder ``root/<class>/<image>`` for zero-shot classification and its class names.
 
+    The folder returns None for an unusable image (each counted once in its ``num_bad``): read it with
+    :class:`~diffzoo.data.skipping.EvalDataLoader`, which leaves such images out instead of scoring a
+    substitute twice.
+
     Args:
         root: the folder (e.g. ImageNet's ``val``).
         transform: applied to the PIL images (open_clip's ``preprocess``).
@@ -526,7 +531,7 @@ def zeroshot_folder(
     else:
         folders = find_classes(root)
         names = read_classnames(classnames_file, folders) if classnames_file else [f.replace("_", " ") for f in folders]
-    return RobustImageFolder(root, folders, transform, "RGB"), names
+    return RobustImageFolder(root, folders, transform, "RGB", substitute=False), names
 
 
 class ImageTextShardDataModule(pl.LightningDataModule):
@@ -619,7 +624,7 @@ class ImageTextShardDataModule(pl.LightningDataModule):
         if self.val_set is not None:
             loaders.append(DataLoader(self.val_set, batch_size=hp.batch_size, num_workers=hp.num_workers))
         if self.zeroshot_set is not None:
-            loaders.append(DataLoader(
+            loaders.append(EvalDataLoader(
                 self.zeroshot_set, batch_size=hp.batch_size, num_workers=hp.num_workers,
                 sampler=epoch_sampler(self.zeroshot_set, hp.seed, shuffle=False),
             ))

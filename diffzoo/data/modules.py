@@ -15,9 +15,11 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from .augment import fix_posterize
 from .embedded import MNIST_MEAN, MNIST_STD, load_mnist_5k, split_indices
 from .folder import RobustImageFolder, find_classes
 from .shards import ShardImageDataset
+from .skipping import EvalDataLoader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -135,6 +137,7 @@ class _TimmImageDataModule(pl.LightningDataModule):
             img_size, is_training=True, auto_augment=auto_augment, re_prob=re_prob, color_jitter=color_jitter,
             interpolation=interpolation, mean=mean, std=std,
         )
+        fix_posterize(self.train_transform)  # timm's 0-bit posterize fails with Pillow 13 (see .augment)
         self.val_transform = create_transform(
             img_size, is_training=False, interpolation=interpolation, crop_pct=crop_pct, mean=mean, std=std,
         )
@@ -196,8 +199,10 @@ class ImageFolderDataModule(_TimmImageDataModule):
             self.train_set = RobustImageFolder(
                 os.path.join(hp.data_dir, hp.train_dir), self.classes, self.train_transform, self.mode
             )
-        if self.val_set is None:
-            self.val_set = RobustImageFolder(os.path.join(hp.data_dir, hp.val_dir), self.classes, self.val_transform, self.mode)
+        if self.val_set is None:  # unreadable validation images are left out, not replaced
+            self.val_set = RobustImageFolder(
+                os.path.join(hp.data_dir, hp.val_dir), self.classes, self.val_transform, self.mode, substitute=False
+            )
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -209,7 +214,7 @@ class ImageFolderDataModule(_TimmImageDataModule):
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        return EvalDataLoader(
             self.val_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.val_set, hp.seed, shuffle=False),
             num_workers=hp.num_workers, pin_memory=torch.cuda.is_available(),
         )

@@ -1,12 +1,15 @@
 """Image-classification webdataset shards (``.tar`` files of ``<key>.jpg`` + ``<key>.cls``).
 
 Shards are split by node (rank) and by DataLoader worker; every rank yields the same number of samples
-per epoch (shards are cycled if needed), so DDP never waits on a rank that ran out. A corrupt shard or an
-undecodable sample is logged, counted in :attr:`ShardImageDataset.num_bad`, and skipped.
+per epoch (shards are cycled if needed), so DDP never waits on a rank that ran out. A corrupt shard, an
+undecodable sample or a sample the transform fails on is logged and skipped, and counted once in
+:attr:`ShardImageDataset.num_bad` however often the shard is read again; a shard found corrupt is not read
+again by any DataLoader worker.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
 import multiprocessing as mp
@@ -14,6 +17,7 @@ import os
 import random
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
@@ -79,12 +83,17 @@ class ShardImageDataset(IterableDataset):
         self.seed = seed
         self.mode = mode
         self.epoch = 0
-        self._num_bad = mp.Value("i", 0)
+        self._shard_index = {u: i for i, u in enumerate(self.urls)}
+        # Shared with the DataLoader workers: which shards are corrupt, and per shard the most unusable
+        # samples met in one pass (a pass reads a shard in its fixed order, so this counts each once).
+        self._corrupt = mp.RawArray(ctypes.c_uint8, len(self.urls))
+        self._bad_samples = mp.Array(ctypes.c_int32, len(self.urls))
 
     @property
     def num_bad(self) -> int:
-        """Corrupt shards and undecodable samples met so far."""
-        return int(self._num_bad.value)
+        """Corrupt shards plus unusable samples met so far, each counted once."""
+        corrupt = int(np.count_nonzero(np.frombuffer(self._corrupt, dtype=np.uint8)))
+        return corrupt + int(np.frombuffer(self._bad_samples.get_obj(), dtype=np.int32).sum())
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -95,11 +104,23 @@ class ShardImageDataset(IterableDataset):
         rank, world = _rank_world()
         return self.samples_per_epoch // world
 
-    def _handler(self, exn: Exception) -> bool:
-        with self._num_bad.get_lock():
-            self._num_bad.value += 1
-        log.warning("skipping corrupt shard data: %s", exn)
-        return True  # continue with the next sample / shard
+    def _shard_failed(self, shard: int, exn: Exception) -> None:
+        """Mark ``shard`` corrupt (logged the first time): no pass reads it again."""
+        if not self._corrupt[shard]:
+            self._corrupt[shard] = 1
+            log.warning("skipping corrupt shard %s: %s: %s", self.urls[shard], type(exn).__name__, exn)
+
+    def _sample_failed(self, shard: int, nth: int, sample: dict, exn: Exception) -> None:
+        """The ``nth`` unusable sample of this pass over ``shard``: counted and logged unless met before."""
+        with self._bad_samples.get_lock():
+            new = nth > self._bad_samples[shard]
+            if new:
+                self._bad_samples[shard] = nth
+        if new:
+            log.warning(
+                "skipping sample %s of shard %s: %s: %s",
+                sample.get("__key__"), self.urls[shard], type(exn).__name__, exn,
+            )
 
     def _target(self, sample: dict) -> Any:
         """The sample's target: its ``cls`` as an int (subclasses read other fields)."""
@@ -108,27 +129,40 @@ class ShardImageDataset(IterableDataset):
         raw = sample["cls"]
         return int(raw.decode().strip()) if isinstance(raw, bytes) else int(raw)
 
-    def _decode(self, sample: dict) -> Optional[tuple]:
-        """``(transform(image), target)``, or None (logged and counted) for an undecodable sample."""
+    def _decode(self, sample: dict) -> tuple:
+        """``(transform(image), target)``; raises for an undecodable sample or a failing transform."""
         key = next((k for k in IMAGE_KEYS if k in sample), None)
-        try:
-            if key is None:
-                raise ValueError(f"no image ({'/'.join(IMAGE_KEYS)})")
-            target = self._target(sample)
-            with Image.open(io.BytesIO(sample[key])) as img:
-                img.load()
-                img = img.convert(self.mode)
-        except Exception as e:  # noqa: BLE001 - any undecodable sample is skipped and counted
-            self._handler(ValueError(f"{sample.get('__url__', '?')}: sample {sample.get('__key__')}: {e}"))
-            return None
+        if key is None:
+            raise ValueError(f"no image ({'/'.join(IMAGE_KEYS)})")
+        target = self._target(sample)
+        with Image.open(io.BytesIO(sample[key])) as img:
+            img.load()
+            img = img.convert(self.mode)
         return (self.transform(img) if self.transform is not None else img), target
 
     def _pass(self, shards: list[str]) -> Iterator[tuple]:
+        """One pass over ``shards`` in order, skipping the shards known to be corrupt."""
         import webdataset as wds
 
-        for sample in wds.tarfile_samples([{"url": u} for u in shards], handler=self._handler):
-            item = self._decode(sample)
-            if item is not None:
+        for url in shards:
+            shard = self._shard_index[url]
+            if self._corrupt[shard]:
+                continue
+
+            def failed(exn: Exception, shard: int = shard) -> bool:
+                self._shard_failed(shard, exn)
+                return True  # go on with what can still be read of this pass
+
+            nth_bad = 0
+            for sample in wds.tarfile_samples([{"url": url}], handler=failed):
+                try:
+                    item = self._decode(sample)
+                except Exception as e:  # noqa: BLE001 - one unusable sample must not end a run
+                    if self._corrupt[shard]:  # the fragment a broken tar leaves: part of the shard's failure
+                        continue
+                    nth_bad += 1
+                    self._sample_failed(shard, nth_bad, sample, e)
+                    continue
                 yield item
 
     def __iter__(self) -> Iterator[tuple]:
@@ -157,11 +191,18 @@ class ShardImageDataset(IterableDataset):
                 random.Random(hash((self.seed, self.epoch, round_))).shuffle(order)
             # Disjoint slices per (rank, worker) when there are enough shards; else shards are shared.
             shards = order[slot::n_slots] if len(order) >= n_slots else [order[slot % len(order)]]
+            known_corrupt = [u for u in shards if self._corrupt[self._shard_index[u]]]
             got = 0
             for item in self._pass(shards):
                 got += 1
                 yield item
-            if got == 0:
+            if np.frombuffer(self._corrupt, dtype=np.uint8).all():
+                raise RuntimeError(
+                    f"no readable sample: all {len(self.urls)} shard(s) are corrupt (e.g. {self.urls[0]}); "
+                    "check the shard files (see the log for each error)"
+                )
+            newly_corrupt = any(self._corrupt[self._shard_index[u]] for u in shards if u not in known_corrupt)
+            if got == 0 and len(known_corrupt) < len(shards) and not newly_corrupt:
                 raise RuntimeError(f"no readable sample in shard(s) {', '.join(shards)}")
             round_ += 1
 

@@ -9,14 +9,14 @@
 
 Audio is checked when read (:func:`load_audio`): multi-channel files are mixed down and other sample
 rates resampled (logged once); unreadable, empty or non-finite files raise :class:`AudioError`, and a
-data set skips such a file, logs it, counts it in ``num_bad`` and serves the next clip instead.
+data set skips such a file, logs it and counts it once in ``num_bad``; a training split serves the next clip
+instead, an evaluation split leaves it out (its loaders are :class:`~diffzoo.data.skipping.EvalDataLoader`).
 Batches are ``(waveform (B, T) float, label (B,) int64, length (B,) valid samples)``.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import zlib
 from pathlib import Path
@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from .folder import MAX_CONSECUTIVE_BAD
 from .modules import epoch_sampler
+from .skipping import EvalDataLoader, SkipsBadItems
 from .synth import (
     KEYWORDS, SILENCE, SPLITS, UNKNOWN, SynthConfig, class_names, colored_noise, load_or_synthesize, mix_noise,
 )
@@ -121,35 +121,20 @@ def collate_audio(batch: Sequence[tuple[Tensor, int, int]]) -> tuple[Tensor, Ten
     return waves, labels, lengths
 
 
-class _SkipsBadAudio(Dataset):
-    """``__getitem__`` that skips clips raising :class:`AudioError`, counting them across workers."""
+class _SkipsBadAudio(SkipsBadItems):
+    """Skips clips raising :class:`AudioError`, each counted once across workers.
 
-    def __init__(self) -> None:
-        self._num_bad = mp.Value("i", 0)
+    Subclasses implement ``get(index)`` and call ``init_skipping(len(self), substitute=training)``.
+    """
 
-    @property
-    def num_bad(self) -> int:
-        """Unusable audio files met so far (a bad file read twice counts twice)."""
-        return int(self._num_bad.value)
-
-    def describe(self, index: int) -> str:
-        return f"item {index}"
+    read_errors = (AudioError,)
+    bad_noun = "unusable audio files"
 
     def get(self, index: int) -> tuple[Tensor, int, int]:
         raise NotImplementedError
 
-    def __getitem__(self, index: int) -> tuple[Tensor, int, int]:
-        for attempt in range(MAX_CONSECUTIVE_BAD):
-            i = (index + attempt) % len(self)
-            try:
-                return self.get(i)
-            except AudioError as e:
-                with self._num_bad.get_lock():
-                    self._num_bad.value += 1
-                log.warning("skipping %s: %s", self.describe(i), e)
-        raise RuntimeError(
-            f"{MAX_CONSECUTIVE_BAD} unusable audio files in a row from {self.describe(index)}; the data looks corrupt"
-        )
+    def read(self, index: int) -> tuple[Tensor, int, int]:
+        return self.get(index)
 
 
 # -- Google Speech Commands -----------------------------------------------------------------------
@@ -240,7 +225,6 @@ class SpeechCommandsKeywords(_SkipsBadAudio):
         time_shift_ms: float = 100.0,
         split_seed: int = 0,
     ) -> None:
-        super().__init__()
         if split not in _SUBSETS:
             raise ValueError(f"split={split!r}; expected one of {sorted(_SUBSETS)}")
         self.classes = class_names(num_classes)
@@ -267,6 +251,8 @@ class SpeechCommandsKeywords(_SkipsBadAudio):
             self.items = known + [(others[i], index[UNKNOWN]) for i in picked] + [(-1, index[SILENCE])] * n_silence
         if not self.items:
             raise ValueError(f"no clips in the {split} split under {data_dir}")
+        self.init_skipping(len(self.items), substitute=self.training)
+        self._bad_backgrounds = 0
         self.backgrounds = self._load_backgrounds()
         if any(n < 0 for n, _ in self.items) and not self.backgrounds:
             log.warning("no %s recordings found: silence clips will be digital silence", BACKGROUND_NOISE_DIR)
@@ -278,10 +264,14 @@ class SpeechCommandsKeywords(_SkipsBadAudio):
             try:
                 out.append(load_audio(path, self.sample_rate))
             except AudioError as e:
-                with self._num_bad.get_lock():
-                    self._num_bad.value += 1
+                self._bad_backgrounds += 1
                 log.warning("skipping background noise %s: %s", path, e)
         return out
+
+    @property
+    def num_bad(self) -> int:
+        """Unusable clips (each counted once) and background recordings skipped so far."""
+        return super().num_bad + self._bad_backgrounds
 
     def __len__(self) -> int:
         return len(self.items)
@@ -344,7 +334,6 @@ class SynthKeywordDataset(_SkipsBadAudio):
         seed: int = 0,
         sample_rate: int = 16000,
     ) -> None:
-        super().__init__()
         self.classes = class_names(num_classes)
         self.split, self.training, self.seed = split, split == "train", seed
         self.snr_db, self.gain_db, self.silence_db = snr_db, gain_db, silence_db
@@ -371,6 +360,7 @@ class SynthKeywordDataset(_SkipsBadAudio):
                 labels.append(label)
         self.rows, self.labels = rows, labels
         self.voices = data["voices"][rows]
+        self.init_skipping(len(rows), substitute=self.training)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -410,7 +400,7 @@ class _AudioDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        return (DataLoader if train else EvalDataLoader)(
             dataset, batch_size=hp.batch_size, sampler=epoch_sampler(dataset, hp.seed, shuffle=train),
             num_workers=hp.num_workers, drop_last=train, collate_fn=collate_audio,
             persistent_workers=train and hp.num_workers > 0,

@@ -40,6 +40,13 @@ def weight_decay_groups(model: nn.Module, weight_decay: float, no_decay_names: t
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _num_skipped(dataset: Any) -> int:
+    """``num_bad`` of an evaluation data set (through ``Subset`` wrappers); 0 for one without."""
+    while dataset is not None and not hasattr(dataset, "num_bad") and hasattr(dataset, "dataset"):
+        dataset = dataset.dataset
+    return int(getattr(dataset, "num_bad", 0) or 0)
+
+
 class ImageClassificationTask(RestoresRNG, pl.LightningModule):
     """Train a timm-registered classifier (``diffvit_*``, ``softvit_*`` or any timm model).
 
@@ -153,8 +160,38 @@ class ImageClassificationTask(RestoresRNG, pl.LightningModule):
             rank_zero_warn(f"{bad} unreadable image(s) or corrupt shard entries were skipped so far (see the log)")
 
     # -- evaluation ----------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._evaluated = 0
+
+    def on_test_epoch_start(self) -> None:
+        self._evaluated = 0
+
+    def count_evaluated(self, n: int) -> None:
+        """Add ``n`` samples to the evaluated count logged as ``val/evaluated`` / ``test/evaluated``."""
+        self._evaluated = getattr(self, "_evaluated", 0) + int(n)
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_eval_counts("val", self.trainer.val_dataloaders)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_eval_counts("test", self.trainer.test_dataloaders)
+
+    def log_eval_counts(self, stage: str, loaders: Any) -> None:
+        """Log ``<stage>/evaluated`` (samples scored) and ``<stage>/skipped`` (unusable samples left out)."""
+        loaders = [] if loaders is None else loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        skipped = sum(_num_skipped(getattr(dl, "dataset", None)) for dl in loaders)
+        evaluated = getattr(self, "_evaluated", 0)
+        self.log(f"{stage}/evaluated", float(evaluated), reduce_fx="sum", sync_dist=True)
+        self.log(f"{stage}/skipped", float(skipped), reduce_fx="sum", sync_dist=True)
+        if skipped and not self.trainer.sanity_checking:
+            rank_zero_warn(
+                f"{stage}: {skipped} unusable sample(s) were left out of the {stage} metrics, which cover "
+                f"{evaluated} sample(s) on this device (see the log for which)"
+            )
+
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch[0], batch[1]
+        self.count_evaluated(len(y))
         logits = self(x)
         loss = F.cross_entropy(logits.float(), y)
         self.val_top1(logits, y)

@@ -76,6 +76,7 @@ class SpeechClassificationTask(ImageClassificationTask):
 
     def validation_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
         wave, y, lengths = batch
+        self.count_evaluated(len(y))
         logits = self(wave, lengths)
         self.val_top1(logits, y)
         self.val_top5(logits, y)
@@ -88,6 +89,7 @@ class SpeechClassificationTask(ImageClassificationTask):
 
     def test_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
         wave, y, lengths = batch
+        self.count_evaluated(len(y))
         logits = self(wave, lengths)
         self.test_top1(logits, y)
         self.log("test/loss", F.cross_entropy(logits.float(), y), on_epoch=True, sync_dist=True, batch_size=len(y))
