@@ -70,6 +70,6 @@ def test_open_clip_trainer_trains_and_resumes_diffclip(tmp_path):
         "--out", str(tmp_path / "zs.json"),
     ])
     shards = report["results"]["shards"]
-    assert shards["pairs"] == 32 and shards["bad_samples"] == 0
+    assert shards["n"] == 32 and shards["skipped"] == 0
     assert 0.0 <= shards["i2t_r1"] <= shards["i2t_r5"] <= shards["i2t_r10"] <= 1.0
     assert json.loads((tmp_path / "zs.json").read_text())["results"]["shards"] == shards
