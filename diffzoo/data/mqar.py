@@ -35,7 +35,7 @@ EVAL_SEEDS = (10_001, 10_002)  # the fixed validation and test sets (never a tra
 class MQARSpec:
     """Shape of an MQAR sequence; see the module docstring. ``seq_len`` (if given) fixes the filler."""
 
-    def __init__(self, num_pairs: int = 8, num_queries: Optional[int] = None, filler: int = 0,
+    def __init__(self, num_pairs: int = 4, num_queries: Optional[int] = None, filler: int = 0,
                  seq_len: Optional[int] = None, key_vocab: int = 64, value_vocab: int = 64) -> None:
         q = num_pairs if num_queries is None else num_queries
         if num_pairs < 1 or not 1 <= q <= num_pairs:
@@ -117,7 +117,7 @@ class MQARDataModule(pl.LightningDataModule):
         seed: seed of the training stream (validation and test use seeds of their own, fixed).
     """
 
-    def __init__(self, num_pairs: int = 8, num_queries: Optional[int] = None, filler: int = 0,
+    def __init__(self, num_pairs: int = 4, num_queries: Optional[int] = None, filler: int = 0,
                  seq_len: Optional[int] = None, key_vocab: int = 64, value_vocab: int = 64, batch_size: int = 64,
                  steps_per_epoch: int = 100, num_val: int = 1000, num_test: int = 1000, seed: int = 0) -> None:
         super().__init__()
