@@ -4,7 +4,7 @@ named attention variant, trained on the query positions only, scored by exact va
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import lightning.pytorch as pl
 import torch
@@ -16,8 +16,8 @@ from ..data.mqar import IGNORE
 from ..models.lm import LMConfig
 from ..models.variants import build_lm
 from .callbacks import RunSummary
-from .classification import warmup_cosine, weight_decay_groups
 from .export import save_safetensors
+from .lm import LanguageModelTask
 from .resume import RestoresRNG
 
 __all__ = ["MQARRunSummary", "MQARTask", "query_accuracy"]
@@ -109,13 +109,9 @@ class MQARTask(RestoresRNG, pl.LightningModule):
 
     on_test_epoch_end = on_validation_epoch_end
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        opt = torch.optim.AdamW(weight_decay_groups(self.model, hp.weight_decay), lr=hp.lr, betas=tuple(hp.betas))
-        total = int(self.trainer.estimated_stepping_batches)
-        warmup = max(1, min(hp.warmup_steps, total))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warmup, total, hp.min_lr_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+    # AdamW (decay on matrices only) with linear warmup and cosine, exactly as the language-model task
+    param_groups = LanguageModelTask.param_groups
+    configure_optimizers = LanguageModelTask.configure_optimizers
 
 
 class MQARRunSummary(RunSummary):
