@@ -111,3 +111,13 @@ def compare_main(
         plot(runs, args.plot)
         print(f"curves: {args.plot}")
     return runs
+
+
+def expand_quick(args: Sequence[str] | None, quick: Sequence[str]) -> list[str]:
+    """``args`` (default ``sys.argv[1:]``) with ``--quick`` replaced by the recipe's smoke-run overrides;
+    arguments given after them still win."""
+    args = list(sys.argv[1:] if args is None else args)
+    if "--quick" not in args:
+        return args
+    i = args.index("--quick")
+    return [*args[:i], *quick, *args[i + 1:]]

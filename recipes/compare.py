@@ -9,8 +9,9 @@ Every family is trained by its own comparison recipe (``recipes.vit_compare``, `
 baseline, the same data, recipe and seeds. Those recipes write ``outputs/<family>_compare/results.json``;
 this one reads them (``--run`` first starts the recipes whose results are missing, with the seeds given)
 and writes one table: setting, parameters of each model, the metric of each (mean ± sample standard
-deviation over seeds), the difference, and whether it exceeds the seed spread (the per-seed ranges of the
-two models do not overlap).
+deviation over seeds), the difference with its 95 % Welch interval, Welch's t and p, the exact
+permutation p (:mod:`diffzoo.stats`) and that p adjusted with Holm's method over every row of the table
+(the number of comparisons is stated under it).
 
 ``--analysis`` loads each run's exported weights and measures, with :mod:`diffzoo.analysis`, the
 attention entropy and the share of attention on the task's relevant tokens, lambda by depth, activation
@@ -24,13 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
+
+from diffzoo.stats import compare, holm
 
 OUT = Path("outputs/compare")
 
@@ -130,12 +132,9 @@ def _params(runs: list[dict]) -> Optional[int]:
     return None
 
 
-def _mean_sd(xs: list[float]) -> tuple[float, float]:
-    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def compare_rows(family: Family, runs: list[dict]) -> list[dict]:
-    """One row per metric: both models' per-seed values, means, spreads and the difference."""
+    """One row per metric: both models' per-seed values, means, spreads, the difference (diff - soft) and
+    its statistics (:func:`diffzoo.stats.compare`); ``p_holm`` is filled in by :func:`adjust`."""
     diff = sorted((r for r in runs if r[family.run_key] == family.diff), key=lambda r: r["seed"])
     soft = sorted((r for r in runs if r[family.run_key] == family.soft), key=lambda r: r["seed"])
     rows = []
@@ -144,20 +143,25 @@ def compare_rows(family: Family, runs: list[dict]) -> list[dict]:
         s = [m.value(r) for r in soft]
         if not d or not s:
             continue
-        (dm, dsd), (sm, ssd) = _mean_sd(d), _mean_sd(s)
-        delta = dm - sm
-        better = delta > 0 if m.higher_is_better else delta < 0
-        separated = min(d) > max(s) or max(d) < min(s)  # the per-seed ranges do not overlap
-        pooled = math.sqrt((dsd ** 2 + ssd ** 2) / 2)
+        c = compare(d, s)
+        better = c.diff > 0 if m.higher_is_better else c.diff < 0
         rows.append(dict(
             family=family.name, setting=family.setting, side=family.side, metric=m.label,
             higher_is_better=m.higher_is_better, diff_model=family.diff, soft_model=family.soft,
             diff_params=_params(diff), soft_params=_params(soft), diff_values=d, soft_values=s,
             diff_seeds=[r["seed"] for r in diff], soft_seeds=[r["seed"] for r in soft],
-            diff_mean=dm, diff_sd=dsd, soft_mean=sm, soft_sd=ssd, delta=delta,
-            delta_in_sd=delta / pooled if pooled > 0 else float("inf") * (1 if delta >= 0 else -1),
-            diff_better=better, beyond_spread=separated, digits=m.digits,
+            diff_mean=c.mean_a, diff_sd=c.sd_a, soft_mean=c.mean_b, soft_sd=c.sd_b, delta=c.diff,
+            ci_low=c.ci_low, ci_high=c.ci_high, t=c.t, df=c.df, p_welch=c.p_welch, p_perm=c.p_perm,
+            perm_exact=c.perm_exact, perm_count=c.perm_count, p_holm=float("nan"), diff_better=better,
+            digits=m.digits,
         ))
+    return rows
+
+
+def adjust(rows: list[dict]) -> list[dict]:
+    """Fill ``p_holm``: the permutation p-values adjusted with Holm's method over all ``rows``."""
+    for row, p in zip(rows, holm([r["p_perm"] for r in rows])):
+        row["p_holm"] = p
     return rows
 
 
@@ -165,22 +169,37 @@ def _fmt_params(p: Optional[int]) -> str:
     return f"{p / 1e6:.2f} M" if p and p >= 1e6 else (f"{p / 1e3:.0f} k" if p else "?")
 
 
+def _num(x: float, spec: str) -> str:
+    return "–" if x is None or math.isnan(x) else format(x, spec)
+
+
+def _pv(p: float) -> str:
+    return "–" if p is None or math.isnan(p) else (f"{p:.3f}" if p >= 0.001 else f"{p:.1e}")
+
+
 def markdown_table(rows: list[dict]) -> str:
+    """The study table, with a line stating the number of comparisons the Holm correction covers."""
     head = (
         "| setting | side | metric | params diff / softmax | differential | softmax | difference (diff - soft) "
-        "| beyond seed spread | seeds |\n|---|---|---|---|---|---|---|---|---|"
+        "[95 % CI] | Welch t (df) | p Welch | p perm | p Holm | seeds |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         arrow = "higher is better" if r["higher_is_better"] else "lower is better"
-        verdict = ("yes, differential better" if r["diff_better"] else "yes, softmax better") if r["beyond_spread"] else "no"
         f = f".{r.get('digits', 2)}f"
+        perm = _pv(r["p_perm"]) + ("" if r["perm_exact"] else f" (MC {r['perm_count']})")
         lines.append(
             f"| {r['setting']} | {r['side']} | {r['metric']} ({arrow}) | "
             f"{_fmt_params(r['diff_params'])} / {_fmt_params(r['soft_params'])} | "
-            f"{r['diff_mean']:{f}} ± {r['diff_sd']:{f}} | {r['soft_mean']:{f}} ± {r['soft_sd']:{f}} | "
-            f"{r['delta']:+{f}} ({r['delta_in_sd']:+.1f} sd) | {verdict} | {len(r['diff_values'])} + {len(r['soft_values'])} |"
+            f"{r['diff_mean']:{f}} ± {_num(r['diff_sd'], f)} | {r['soft_mean']:{f}} ± {_num(r['soft_sd'], f)} | "
+            f"{r['delta']:+{f}} [{_num(r['ci_low'], f)}, {_num(r['ci_high'], f)}] | "
+            f"{_num(r['t'], '.2f')} ({_num(r['df'], '.1f')}) | {_pv(r['p_welch'])} | {perm} | {_pv(r['p_holm'])} | "
+            f"{len(r['diff_values'])} + {len(r['soft_values'])} |"
         )
+    lines.append(
+        f"\n{len(rows)} comparison(s); p perm: permutation test of the difference of means (exact over every "
+        f"split of the seeds unless marked MC), p Holm: p perm adjusted with Holm's method over the {len(rows)}."
+    )
     return "\n".join(lines)
 
 
@@ -210,7 +229,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
             missing.append(name)
             continue
         rows.extend(compare_rows(family, runs))
-    study: dict = {"rows": rows, "missing": missing}
+    adjust(rows)
+    study: dict = {"rows": rows, "missing": missing, "comparisons": len(rows)}
     text = markdown_table(rows) if rows else "(no finished runs)"
     if missing:
         text += "\n\nNo results for: " + ", ".join(

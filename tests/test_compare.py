@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from scipy import stats as scipy_stats
 
 from recipes import compare
 
@@ -17,7 +18,7 @@ def _write(tmp_path, runs):
     path.write_text(json.dumps(runs))
 
 
-def test_rows_mean_spread_and_verdict(tmp_path, monkeypatch):
+def test_rows_mean_spread_and_statistics(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     fam = compare.FAMILIES["vit"]
     _write(tmp_path, [
@@ -25,23 +26,30 @@ def test_rows_mean_spread_and_verdict(tmp_path, monkeypatch):
         _run(fam.soft, 0, 0.80), _run(fam.soft, 1, 0.85), _run(fam.soft, 2, 0.84),
         _run("someone_else", 0, 0.1),  # runs of other models in the file are ignored
     ])
-    (row,) = compare.compare_rows(fam, compare.load_runs(fam))
+    (row,) = compare.adjust(compare.compare_rows(fam, compare.load_runs(fam)))
     assert row["diff_values"] == pytest.approx([90, 92, 94])
     assert row["diff_mean"] == pytest.approx(92.0) and row["diff_sd"] == pytest.approx(2.0)
     assert row["soft_mean"] == pytest.approx(83.0)
-    assert row["delta"] == pytest.approx(9.0)
-    assert row["beyond_spread"] and row["diff_better"]
-    assert "yes, differential better" in compare.markdown_table([row])
+    assert row["delta"] == pytest.approx(9.0) and row["diff_better"]
+    # 3 vs 3 with every differential seed above every softmax seed: 2 of the 20 splits are as extreme
+    assert row["p_perm"] == pytest.approx(0.1) and row["perm_exact"] and row["perm_count"] == 20
+    welch = scipy_stats.ttest_ind([90, 92, 94], [80, 85, 84], equal_var=False)
+    assert row["t"] == pytest.approx(welch.statistic) and row["p_welch"] == pytest.approx(welch.pvalue)
+    ci = welch.confidence_interval(0.95)
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((ci.low, ci.high))
+    assert row["p_holm"] == pytest.approx(0.1)  # a single comparison: Holm changes nothing
+    text = compare.markdown_table([row])
+    assert "p perm" in text and "| 0.100 | 0.100 |" in text and "1 comparison(s)" in text
+    assert "beyond seed spread" not in text
 
 
-def test_overlapping_seeds_are_not_beyond_spread(tmp_path, monkeypatch):
+def test_overlapping_seeds_give_a_large_p(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     fam = compare.FAMILIES["vit"]
     _write(tmp_path, [_run(fam.diff, s, v) for s, v in enumerate((0.90, 0.80, 0.85))]
            + [_run(fam.soft, s, v) for s, v in enumerate((0.82, 0.88, 0.84))])
     (row,) = compare.compare_rows(fam, compare.load_runs(fam))
-    assert not row["beyond_spread"]
-    assert "| no |" in compare.markdown_table([row])
+    assert row["p_perm"] == pytest.approx(1.0) and row["p_welch"] > 0.9  # equal means
 
 
 def test_lower_is_better_metric_and_missing_family(tmp_path, monkeypatch):
@@ -55,7 +63,10 @@ def test_lower_is_better_metric_and_missing_family(tmp_path, monkeypatch):
     path.write_text(json.dumps(runs))
     study = compare.main(["--families", "lm", "vit", "--out", str(tmp_path / "study")])
     loss, retrieval = study["rows"]
-    assert loss["diff_better"] and loss["beyond_spread"]  # lower loss is better
+    assert loss["diff_better"] and loss["delta"] == pytest.approx(-0.5)  # lower loss is better
+    assert study["comparisons"] == 2
+    # Holm over the two rows: the smaller permutation p is doubled, the larger one kept (both 2 + 2 seeds)
+    assert loss["p_perm"] == pytest.approx(1 / 3) and loss["p_holm"] == pytest.approx(2 / 3)
     assert retrieval["diff_values"] == pytest.approx([100.0, 75.0])
     assert study["missing"] == ["vit"]
     assert "recipes.vit_compare" in (tmp_path / "study" / "study.md").read_text()

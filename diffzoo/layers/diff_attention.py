@@ -52,6 +52,9 @@ class DiffAttention(AttentionBase):
         attn_drop, proj_drop: dropout on the attention map / after the output projection.
         norm_eps: epsilon of the per-head RMSNorm.
         backend: default kernel backend (``None`` follows the global selection).
+        sub_norm: apply the per-head RMSNorm and the ``(1 - lambda_init)`` scale (the paper); False
+            leaves the differential output as it is (an ablation). Replacing ``sub_norm`` by
+            ``nn.Identity()`` on a built layer has the same effect.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class DiffAttention(AttentionBase):
         proj_drop: float = 0.0,
         norm_eps: float = 1e-5,
         backend: Optional[str] = None,
+        sub_norm: bool = True,
     ) -> None:
         num_kv_heads, head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim, widths_per_head=2)
         super().__init__(
@@ -89,7 +93,7 @@ class DiffAttention(AttentionBase):
         self.lambda_k1 = nn.Parameter(torch.zeros(head_dim))
         self.lambda_q2 = nn.Parameter(torch.zeros(head_dim))
         self.lambda_k2 = nn.Parameter(torch.zeros(head_dim))
-        self.sub_norm = RMSNorm(2 * head_dim, eps=norm_eps)
+        self.sub_norm: nn.Module = RMSNorm(2 * head_dim, eps=norm_eps) if sub_norm else nn.Identity()
         self.reset_lambda()
 
     def reset_lambda(self) -> None:
@@ -106,7 +110,8 @@ class DiffAttention(AttentionBase):
     def _attend(self, x, q, k, v, masks, return_attn, backend):
         lam = self.lambda_full()
         out = diff_attention(q, k, v, lam, dropout_p=self._dropout_p(), backend=backend, **masks)  # (B, H, N, 2d)
-        out = self.sub_norm(out).mul_(1.0 - self.lambda_init)  # in place: one (B, H, N, 2d) buffer less
+        if not isinstance(self.sub_norm, nn.Identity):  # nn.Identity: the ablation without norm and scale
+            out = self.sub_norm(out).mul_(1.0 - self.lambda_init)  # in place: one (B, H, N, 2d) buffer less
         maps = None
         if return_attn:
             a1, a2 = diff_attention_maps(q, k, lam, **masks)

@@ -1,0 +1,137 @@
+"""Cluttered digits: one whole MNIST digit on a larger canvas among ``k`` fragments of other digits.
+
+Built from the embedded digits (:func:`diffzoo.data.embedded.load_mnist_5k`, no download). Each image is
+a ``canvas x canvas`` grey canvas holding the target digit (28 x 28, whole, at a random place) and ``k``
+distractor fragments: random ``fragment x fragment`` crops of other digits at random places, merged by
+the pixel-wise maximum, so a fragment may overlap the target. The class is the target digit. ``k`` is
+the knob that adds attention noise: the patches of the fragments look like parts of digits but carry no
+information about the label.
+
+The 5,000 digits are split once (fixed seed) into training, validation and test digits; the fragments
+of an image come from the digits of its own split. Training images are composed afresh every epoch
+from ``seed``; validation and test images are fixed.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from .embedded import MNIST_MEAN, MNIST_STD, load_mnist_5k
+
+__all__ = ["ClutteredDigits", "ClutteredDigitsDataModule", "compose"]
+
+SPLIT_SEED = 0
+EVAL_SEEDS = (10_001, 10_002)
+
+
+def compose(digits: Tensor, target: int, k: int, canvas: int, fragment: int, g: torch.Generator) -> Tensor:
+    """One ``(canvas, canvas)`` uint8 image: ``digits[target]`` whole plus ``k`` crops of other digits."""
+    n, h, w = digits.shape
+    if canvas < max(h, w) or not 1 <= fragment <= min(h, w):
+        raise ValueError(f"canvas={canvas} must hold a {h}x{w} digit and fragment={fragment} must be 1..{min(h, w)}")
+    img = torch.zeros(canvas, canvas, dtype=torch.uint8)
+    y, x = torch.randint(canvas - h + 1, (2,), generator=g).tolist()
+    img[y:y + h, x:x + w] = digits[target]
+    for _ in range(k):
+        src = int(torch.randint(n - 1, (1,), generator=g))
+        src += int(src >= target)  # any digit but the target
+        # crops centred in the digit's middle 20x20 so that a fragment holds ink
+        cy, cx = torch.randint(4, h - 4 - fragment + 1, (2,), generator=g).tolist() if fragment <= h - 8 else (0, 0)
+        py, px = torch.randint(canvas - fragment + 1, (2,), generator=g).tolist()
+        patch = digits[src, cy:cy + fragment, cx:cx + fragment]
+        region = img[py:py + fragment, px:px + fragment]
+        torch.maximum(region, patch, out=region)
+    return img
+
+
+def _normalise(img: Tensor) -> Tensor:
+    return ((img.float() / 255.0) - MNIST_MEAN).div_(MNIST_STD).unsqueeze(0)  # (1, H, W)
+
+
+class ClutteredDigits(Dataset):
+    """Training images composed on the fly: item ``i`` of epoch ``e`` is drawn from seed ``(seed, e, i)``."""
+
+    def __init__(self, digits: Tensor, labels: Tensor, k: int, canvas: int, fragment: int, seed: int = 0) -> None:
+        self.digits, self.labels, self.k, self.canvas, self.fragment, self.seed = digits, labels, k, canvas, fragment, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 100_003 + i)
+        return _normalise(compose(self.digits, i, self.k, self.canvas, self.fragment, g)), self.labels[i]
+
+
+def fixed_set(digits: Tensor, labels: Tensor, k: int, canvas: int, fragment: int, seed: int) -> TensorDataset:
+    """Every digit of a split composed once with a fixed seed (validation / test images)."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.stack([_normalise(compose(digits, i, k, canvas, fragment, g)) for i in range(len(labels))])
+    return TensorDataset(images, labels)
+
+
+class ClutteredDigitsDataModule(pl.LightningDataModule):
+    """Cluttered digits for the ViT recipes.
+
+    Args:
+        k: distractor fragments per image (the noise knob).
+        canvas: canvas side in pixels (64: 64 patches of 8 x 8; 128 with patch 8: 256 patches).
+        fragment: side of a distractor fragment in pixels.
+        num_val, num_test: digits held out for validation (model selection) and test (reported).
+        batch_size, num_workers: loader settings.
+        seed: seed of the training compositions (the split and the held-out images are fixed).
+        limit_train: use only the first ``limit_train`` training digits (None: all; smoke runs).
+    """
+
+    num_classes = 10
+    in_chans = 1
+
+    def __init__(self, k: int = 4, canvas: int = 64, fragment: int = 12, num_val: int = 500, num_test: int = 1000,
+                 batch_size: int = 64, num_workers: int = 0, seed: int = 0, limit_train: Optional[int] = None) -> None:
+        super().__init__()
+        if k < 0:
+            raise ValueError(f"k={k} distractor fragments must be >= 0")
+        if canvas < 28:
+            raise ValueError(f"canvas={canvas} must be >= 28 to hold a whole digit")
+        self.k, self.canvas, self.fragment = k, canvas, fragment
+        self.img_size = canvas
+        self.num_val, self.num_test = num_val, num_test
+        self.batch_size, self.num_workers, self.seed, self.limit_train = batch_size, num_workers, seed, limit_train
+        self.chance = 0.1
+        self.train_set: Optional[ClutteredDigits] = None
+        self.eval_sets: dict[str, TensorDataset] = {}
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_set is not None:
+            return
+        images, labels = load_mnist_5k()
+        if not 0 < self.num_val + self.num_test < len(labels):
+            raise ValueError(f"num_val + num_test = {self.num_val + self.num_test} must be below {len(labels)}")
+        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
+        val, test = perm[:self.num_val], perm[self.num_val:self.num_val + self.num_test]
+        train = perm[self.num_val + self.num_test:][:self.limit_train]
+        self.train_set = ClutteredDigits(images[train], labels[train], self.k, self.canvas, self.fragment, self.seed)
+        for name, idx, seed in (("val", val, EVAL_SEEDS[0]), ("test", test, EVAL_SEEDS[1])):
+            self.eval_sets[name] = fixed_set(images[idx], labels[idx], self.k, self.canvas, self.fragment, seed)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
+                          drop_last=True)
+
+    def _loader(self, name: str) -> DataLoader:
+        return DataLoader(self.eval_sets[name], batch_size=256, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        """The validation set (model selection) and the test set (reported), evaluated together."""
+        return [self._loader("val"), self._loader("test")]
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")

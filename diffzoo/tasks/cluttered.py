@@ -1,0 +1,81 @@
+"""Image classification of a ViT built as a named attention variant, validated and tested together
+(for :mod:`recipes.cluttered_digits`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics.classification import MulticlassAccuracy
+
+from ..layers.variants import apply_variant
+from ..models.variants import vit_create_args
+from .callbacks import RunSummary
+from .classification import ImageClassificationTask
+from .export import save_safetensors
+
+__all__ = ["VariantImageTask", "VariantRunSummary"]
+
+
+class VariantImageTask(ImageClassificationTask):
+    """:class:`ImageClassificationTask` whose ViT is the variant ``attn`` of the registered
+    ``diffvit_/softvit_<size>`` models, at the data's image size with ``patch_size``.
+
+    The first validation loader is the validation set (logged as ``val/*``), a second one the test set
+    (``test/*``). Other arguments as :class:`ImageClassificationTask`.
+    """
+
+    def __init__(
+        self,
+        attn: str = "diff",
+        size: str = "nano_patch7_28",
+        patch_size: int = 8,
+        num_classes: int = 10,
+        in_chans: int = 1,
+        img_size: Optional[int] = 64,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        warmup_epochs: float = 1.0,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        name, args = vit_create_args(attn, size, patch_size=patch_size)
+        super().__init__(
+            model=name, num_classes=num_classes, in_chans=in_chans, img_size=img_size, model_kwargs=args, lr=lr,
+            weight_decay=weight_decay, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
+            label_smoothing=label_smoothing, **kwargs,
+        )
+        apply_variant(self.model, attn)
+        self.timm_name = name
+        self.create_args = {**args, "num_classes": num_classes, "in_chans": in_chans, "img_size": img_size}
+        self.test_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        x, y = batch[0], batch[1]
+        logits = self(x)
+        split, metric = ("val", self.val_top1) if dataloader_idx == 0 else ("test", self.test_top1)
+        metric(logits, y)
+        self.log(f"{split}/loss", F.cross_entropy(logits.float(), y), on_epoch=True, batch_size=len(x),
+                 add_dataloader_idx=False)
+        self.log(f"{split}/top1", metric, on_epoch=True, prog_bar=split == "val", add_dataloader_idx=False)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx, 1)
+
+
+class VariantRunSummary(RunSummary):
+    """:class:`RunSummary` for :class:`VariantImageTask`: the weights carry the timm name, the
+    ``create_model`` arguments and the variant in their metadata."""
+
+    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
+        args = {**pl_module.create_args, "variant": pl_module.hparams["attn"]}
+        return {"safetensors": str(save_safetensors(pl_module.model.state_dict(), out / "model.safetensors",
+                                                    pl_module.timm_name, args))}
+
+    def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
+        return (f"diffzoo.models.variants.build_vit({pl_module.hparams['attn']!r}, ...).load_state_dict("
+                f"safetensors.torch.load_file({path!r}))")

@@ -1,0 +1,274 @@
+"""The study harness: statistics, attention variants, MQAR and cluttered-digit data, the gradient-norm
+monitor, the quick modes of the new recipes and the sweep pipeline (tests check the pipeline, not the
+science)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as scipy_stats
+
+from diffzoo import stats
+
+
+# -- statistics ------------------------------------------------------------------------------------
+def test_exact_permutation_three_vs_three_fully_separated():
+    p, exact, count = stats.permutation_p([5.0, 6.0, 7.0], [1.0, 2.0, 3.0])
+    assert exact and count == 20 and p == pytest.approx(0.1)  # 2 of C(6, 3) splits are as extreme
+
+
+def test_welch_and_permutation_match_scipy():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(1.0, 1.0, 6), rng.normal(0.0, 2.0, 5)
+    c = stats.compare(a, b)
+    ref = scipy_stats.ttest_ind(a, b, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert c.t == pytest.approx(ref.statistic) and c.p_welch == pytest.approx(ref.pvalue)
+    assert c.df == pytest.approx(ref.df) and (c.ci_low, c.ci_high) == pytest.approx((ci.low, ci.high))
+    # two-sided as |difference of means| at least the observed one (scipy's "two-sided" doubles a tail)
+    perm = scipy_stats.permutation_test((a, b), lambda x, y: abs(np.mean(x) - np.mean(y)), n_resamples=np.inf,
+                                        alternative="greater")
+    assert c.perm_exact and c.perm_count == math.comb(11, 6)
+    assert c.p_perm == pytest.approx(perm.pvalue)
+    assert c.mean_a == pytest.approx(a.mean()) and c.sd_b == pytest.approx(b.std(ddof=1)) and c.n_b == 5
+
+
+def test_monte_carlo_permutation_beyond_the_exact_limit():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0.5, 1.0, 12), rng.normal(0.0, 1.0, 12)
+    exact, _, _ = stats.permutation_p(a, b, exact_limit=3_000_000)  # all C(24, 12) = 2.7 M splits
+    p1, is_exact, count = stats.permutation_p(a, b, resamples=4000, seed=1, exact_limit=1000)
+    p2, _, _ = stats.permutation_p(a, b, resamples=4000, seed=1, exact_limit=1000)
+    assert not is_exact and count == 4000 and p1 == p2  # seeded: reproducible
+    assert p1 == pytest.approx(exact, abs=0.03)
+
+
+def test_holm_by_hand_and_zero_spread():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, float("nan"), 0.01]) == pytest.approx([0.5, float("nan"), 0.02], nan_ok=True)
+    w = stats.welch([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert w["p"] == 0.0 and w["ci_low"] == w["ci_high"] == 1.0
+    with pytest.raises(ValueError, match="non-finite"):
+        stats.compare([1.0, float("nan")], [1.0, 2.0])
+
+
+# -- variants --------------------------------------------------------------------------------------
+def _count(m):
+    return sum(p.numel() for p in m.parameters())
+
+
+def test_lm_variants_layer_settings_and_matched_v2():
+    from diffzoo.layers import DiffAttention, DiffAttentionV2
+    from diffzoo.layers.variants import VARIANTS, get_variant
+    from diffzoo.models.lm import LMConfig
+    from diffzoo.models.variants import build_lm
+
+    cfg = LMConfig(dim=64, depth=2, num_heads=4, vocab_size=40)
+    models = {v: build_lm(v, cfg) for v in VARIANTS}
+    soft = _count(models["softmax"])
+    assert _count(models["diff_v2"]) > 1.05 * soft  # the unmatched V2 carries extra query heads
+    assert abs(_count(models["diff_v2_matched"]) - soft) <= 3 * 64  # within one SwiGLU unit
+    assert isinstance(models["diff_v2_matched"].blocks[0].attn, DiffAttentionV2)
+    assert models["softmax_wide"].blocks[0].attn.num_heads == 2 and models["softmax_wide"].blocks[0].attn.head_dim == 32
+    assert _count(models["softmax_wide"]) == soft
+    const = [b.attn.lambda_init for b in models["diff_const"].blocks]
+    sched = [b.attn.lambda_init for b in models["diff"].blocks]
+    assert const == [0.8, 0.8] and sched[0] != sched[1]
+    nonorm = models["diff_nonorm"].blocks[1].attn
+    assert isinstance(nonorm, DiffAttention) and isinstance(nonorm.sub_norm, torch.nn.Identity)
+    x = torch.randint(0, 40, (2, 12))
+    for m in models.values():
+        assert m(x).shape == (2, 12, 40)
+    with pytest.raises(ValueError, match="unknown attention variant 'diff3'.*softmax"):
+        get_variant("diff3")
+
+
+def test_no_sub_norm_leaves_the_differential_output_unscaled():
+    """sub_norm=False: the output equals the plain differential map times V, projected."""
+    from diffzoo.kernels import diff_attention
+    from diffzoo.layers import DiffAttention
+
+    torch.manual_seed(0)
+    layer = DiffAttention(32, 2, depth=3, sub_norm=False)
+    x = torch.randn(2, 5, 32)
+    B, N, _ = x.shape
+    q = layer.q_proj(x).view(B, N, 4, 8).transpose(1, 2)
+    k = layer.k_proj(x).view(B, N, 4, 8).transpose(1, 2)
+    v = layer.v_proj(x).view(B, N, 2, 16).transpose(1, 2)
+    raw = diff_attention(q, k, v, layer.lambda_full())
+    expected = layer.out_proj(raw.transpose(1, 2).reshape(B, N, -1))
+    torch.testing.assert_close(layer(x), expected)
+    assert not any("sub_norm" in n for n, _ in layer.named_parameters())
+
+
+def test_vit_variants_through_timm_names():
+    from diffzoo.layers.variants import VARIANTS
+    from diffzoo.models.variants import build_vit, vit_create_args
+
+    kw = dict(img_size=32, patch_size=8, in_chans=1, num_classes=10)
+    soft = _count(build_vit("softmax", **kw))
+    name, args = vit_create_args("diff_v2_matched", **kw)
+    assert name == "diffvit_nano_patch7_28" and args["attn"] == "diff_v2"
+    matched = build_vit("diff_v2_matched", **kw)
+    assert abs(_count(matched) - soft) <= 4 * (2 * 96 + 1)  # within one MLP unit per block
+    assert build_vit("softmax_wide", **kw).blocks[0].attn.num_heads == 2
+    for v in VARIANTS:
+        assert build_vit(v, **kw)(torch.randn(1, 1, 32, 32)).shape == (1, 10)
+
+
+# -- data ------------------------------------------------------------------------------------------
+def test_mqar_layout_labels_and_knobs():
+    from diffzoo.data.mqar import IGNORE, MQARSpec, make_mqar
+
+    spec = MQARSpec(num_pairs=6, num_queries=3, seq_len=40, key_vocab=16, value_vocab=8)
+    assert spec.filler == 40 - 12 - 6 and spec.vocab_size == 24 and spec.chance == pytest.approx(1 / 8)
+    tokens, labels = make_mqar(spec, 50, torch.Generator().manual_seed(0))
+    assert tokens.shape == labels.shape == (50, 40)
+    for t, y in zip(tokens, labels):
+        keys, values = t[0:12:2], t[1:12:2]
+        assert len(set(keys.tolist())) == 6 and bool((keys < 16).all()) and bool((values >= 16).all())
+        assert bool((t[12:34] < 16).all())  # filler from the key alphabet
+        pos = (y != IGNORE).nonzero().flatten()
+        assert pos.tolist() == [34, 36, 38]
+        for p in pos:  # each query key is answered with the value it was paired with
+            i = keys.tolist().index(int(t[p]))
+            assert int(y[p]) == int(values[i]) == int(t[p + 1])
+    with pytest.raises(ValueError, match="seq_len=10 is shorter"):
+        MQARSpec(num_pairs=4, seq_len=10)
+
+
+def test_cluttered_compose_keeps_the_target_and_adds_fragments():
+    from diffzoo.data.cluttered import compose
+
+    digits = torch.zeros(3, 28, 28, dtype=torch.uint8)
+    digits[0, 4:24, 4:24] = 200
+    digits[1:, 4:24, 4:24] = 255
+    clean = compose(digits, 0, 0, 64, 12, torch.Generator().manual_seed(0))
+    assert int((clean == 200).sum()) == 400 and int((clean == 255).sum()) == 0
+    noisy = compose(digits, 0, 6, 64, 12, torch.Generator().manual_seed(0))
+    assert int((noisy == 255).sum()) > 0  # fragments come from the other digits only
+    assert noisy.shape == (64, 64)
+
+
+# -- monitor ---------------------------------------------------------------------------------------
+def test_grad_norm_monitor_stops_a_diverging_run(tmp_path):
+    import lightning.pytorch as pl
+
+    from diffzoo.tasks.monitor import DIVERGENCE_FILE, GradNormMonitor
+
+    class Boom(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def training_step(self, batch, i):
+            loss = (self.w * batch[0]).sum()
+            return loss * float("inf") if self.global_step >= 3 else loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(40, 3)), batch_size=2)
+    trainer = pl.Trainer(max_epochs=1, default_root_dir=tmp_path, callbacks=[GradNormMonitor(every_n_steps=1)],
+                         enable_progress_bar=False, enable_checkpointing=False, logger=False,
+                         enable_model_summary=False)
+    trainer.fit(Boom(), data)
+    record = json.loads((tmp_path / DIVERGENCE_FILE).read_text())
+    assert record["step"] == 3 and trainer.global_step < 20
+
+
+# -- recipes in quick mode -------------------------------------------------------------------------
+@pytest.mark.parametrize("recipe,attn,metric", [("mqar", "diff_nonorm", "test/acc"),
+                                                ("cluttered_digits", "softmax_wide", "test/top1")])
+def test_quick_recipes_write_summary_and_grad_norm(tmp_path, recipe, attn, metric):
+    import importlib
+
+    from recipes._study import read_run
+
+    mod = importlib.import_module(f"recipes.{recipe}")
+    mod.cli_main(["--quick", "--model.attn", attn, "--trainer.logger.init_args.save_dir", str(tmp_path),
+                  "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    run = read_run(tmp_path / recipe, ("train/grad_norm",))
+    assert 0.0 <= run["summary"]["metrics"][metric] <= 1.0
+    assert run["curves"]["train/grad_norm"] and all(math.isfinite(g) for g in run["curves"]["train/grad_norm"])
+
+
+# -- sweep pipeline --------------------------------------------------------------------------------
+def _fake_run(values):
+    """A stand-in for one training: val metric from ``values[(variant, lr)]`` plus the seed."""
+    def run(family, out, variant, lr, seed, quick, extra, knob=None):
+        from recipes.sweep import run_name
+
+        base = values[(variant, lr)] + (float(knob[1]) / 100 if knob else 0.0)
+        v = base + 0.01 * (seed % 5)
+        metrics = {family.val_metric: v, family.test_metric: v - 0.05}
+        curves = {family.val_metric: [[10, v / 2], [20, v]], "train/grad_norm": [[10, 1.0], [20, 0.5]]}
+        diverged = {"step": 5} if lr == 6e-3 else None
+        return {"name": run_name(variant, lr, seed, knob), "variant": variant, "lr": lr, "seed": seed,
+                "knob": list(knob) if knob else None, "seconds": 1.0, "summary": {"metrics": metrics},
+                "curves": curves, "diverged": diverged}
+    return run
+
+
+def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
+    from recipes import sweep
+
+    values = {("softmax", 1e-3): 0.50, ("softmax", 3e-3): 0.60, ("softmax", 6e-3): 0.90,
+              ("diff", 1e-3): 0.70, ("diff", 3e-3): 0.65, ("diff", 6e-3): 0.95}
+    monkeypatch.setattr(sweep, "train_run", _fake_run(values))
+    out = tmp_path / "sw"
+    res = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "1e-3", "3e-3", "6e-3",
+                      "--seeds", "2", "--final-seeds", "3", "--out", str(out)])
+    # 6e-3 diverged for both, so it never wins despite the higher value
+    assert res["best"]["softmax"]["lr"] == 3e-3 and res["best"]["diff"]["lr"] == 1e-3
+    soft, diff = res["final"]["rows"]
+    assert res["final"]["metric"] == "test/acc"
+    assert soft["values"] == pytest.approx([55.0, 56.0, 57.0])  # final seeds 100-102, test metric
+    assert diff["vs"]["diff"] == pytest.approx(10.0) and diff["vs"]["perm_exact"]
+    assert diff["vs"]["p_perm"] == pytest.approx(0.1) and diff["p_holm"] == pytest.approx(0.1)
+    text = (out / "sweep.md").read_text()
+    for column in ("mean ± sd", "diff vs softmax [95 % CI]", "Welch t (df)", "p Welch", "p perm", "p Holm"):
+        assert column in text
+    assert "1 comparison(s)" in text and "Divergences / failures (4 of 18 runs)" in text
+    assert (out / "curves.png").stat().st_size > 1000
+    saved = json.loads((out / "results.json").read_text())
+    assert len(saved["runs"]) == 18  # 12 grid + 6 final runs, reused on the next call
+
+    calls = []
+    monkeypatch.setattr(sweep, "train_run", lambda *a, **k: calls.append(a) or _fake_run(values)(*a, **k))
+    knob = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--knob", "data.num_pairs",
+                       "--values", "4", "8", "--final-seeds", "2", "--out", str(out)])
+    assert knob["knob_result"]["lrs"] == {"softmax": 3e-3, "diff": 1e-3}  # taken from the sweep above
+    assert len(calls) == 8 and {c[5] for c in calls} == {False}
+    rows = knob["knob_result"]["rows"]
+    assert [r["group"] for r in rows] == ["4", "4", "8", "8"]
+    assert sum(1 for r in rows if "vs" in r) == 2 and "2 comparison(s)" in (out / "knob.md").read_text()
+    assert (out / "knob.png").stat().st_size > 1000
+
+
+def test_sweep_rejects_unknown_variant_and_knob(tmp_path, capsys):
+    from recipes import sweep
+
+    with pytest.raises(SystemExit):
+        sweep.main(["--family", "vit", "--variants", "diff_v2", "--out", str(tmp_path)])
+    assert "family vit accepts softmax, diff" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sweep.main(["--family", "mqar", "--knob", "data.k", "--values", "1", "--out", str(tmp_path)])
+    assert "data.num_pairs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sweep_quick_end_to_end(tmp_path):
+    """Real processes: the quick grid, final runs and random-init scores of MQAR."""
+    from recipes import sweep
+
+    out = tmp_path / "sw"
+    res = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "3e-3", "--seeds", "1",
+                      "--final-seeds", "2", "--jobs", "2", "--quick", "--out", str(out)])
+    assert len(res["final"]["runs"]) == 4 and (out / "curves.png").is_file()
+    chance = sweep.main(["--family", "mqar", "--variants", "softmax", "--chance", "2", "--quick", "--out", str(out)])
+    assert {r["metric"] for r in chance["chance"]["rows"]} == {"val/acc", "test/acc"}
