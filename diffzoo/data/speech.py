@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .folder import MAX_CONSECUTIVE_BAD
-from .modules import epoch_sampler
+from .modules import check_train_loader, epoch_sampler
 from .synth import (
     KEYWORDS, SILENCE, SPLITS, UNKNOWN, SynthConfig, class_names, colored_noise, load_or_synthesize, mix_noise,
 )
@@ -417,7 +417,7 @@ class _AudioDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True)
+        return check_train_loader(self._loader(self.train_set, True), f"the training split ({len(self.train_set)} clips)")
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, False)
