@@ -19,6 +19,7 @@ import argparse
 import os
 import pickle
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Union
@@ -59,7 +60,8 @@ def _unsafe_globals(path: Path, message: str) -> list[str]:
             return [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) if g not in allowed]
         except Exception:  # noqa: BLE001 - fall back to the loader's message
             pass
-    return re.findall(r"GLOBAL (\S+) was not an allowed global", message)
+    found = re.findall(r"GLOBAL (\S+) was not an allowed global", message)
+    return [name if "." in name else f"builtins.{name}" for name in found]
 
 
 def _check_file(path: Path, what: str) -> None:
@@ -91,7 +93,8 @@ def load_torch_file(path: PathLike, map_location: Any = "cpu", what: str = "", m
     label = _label(path, what)
     mmap = mmap and zipfile.is_zipfile(path)
     try:
-        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # refused below if it matters
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         found = _unsafe_globals(path, str(e))

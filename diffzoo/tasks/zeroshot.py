@@ -90,12 +90,9 @@ def checkpoint_model_name(path: PathLike) -> Optional[str]:
     """The open_clip model name stored in a diffzoo checkpoint (Lightning hparams or safetensors metadata)."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        from diffzoo.tasks.export import read_metadata
+        from diffzoo.tasks.export import safetensors_metadata
 
-        try:
-            return read_metadata(path)[0]
-        except Exception:  # noqa: BLE001 - a safetensors file without diffzoo metadata
-            return None
+        return safetensors_metadata(path).get("model")  # None without diffzoo metadata; raises for other files
     ckpt = _read_weights(path)
     return (ckpt.get("hyper_parameters") or {}).get("model") if isinstance(ckpt, dict) else None
 
