@@ -421,29 +421,31 @@ def test_every_task_stops_on_a_non_finite_loss(task: str, tmp_path: Path, monkey
     assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob("summary.json"))
 
 
-def test_a_diverging_lm_run_exits_non_zero_with_one_line(tmp_path: Path) -> None:
-    """The command line: a learning rate so large that the loss becomes NaN after the first update."""
-    cfg = lm_config(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "recipes.lm", "--config", str(cfg), "--model.lr", "1e30",
-                          "--trainer.max_steps", "4"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 1, run.stderr[-2000:]
-    assert "Traceback" not in run.stderr
-    lines = [line for line in run.stderr.splitlines() if line.startswith("python -m recipes.lm: error:")]
-    assert len(lines) == 1 and "the training loss is nan at step 1" in lines[0], run.stderr[-2000:]
+def test_a_diverging_lm_command_line_ends_in_one_line_and_exit_status_1(tmp_path: Path, monkeypatch) -> None:
+    """A learning rate so large that the loss becomes NaN after the first update, given on the command line."""
+    from recipes.lm import cli_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["lm", "--config", str(lm_config(tmp_path)), "--model.lr", "1e30",
+                                      "--trainer.max_steps", "4"])
+    with pytest.raises(SystemExit) as info:
+        cli_main()
+    message = str(info.value.code)  # SystemExit(str) prints it to stderr and exits with status 1
+    assert message.startswith("python -m recipes.lm: error: the training loss is nan at step 1 (epoch 0, batch 1)")
+    assert "\n" not in message
     assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob("summary.json"))
 
 
-def test_command_line_ckpt_errors_are_one_line(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_command_line_errors_are_one_line_with_exit_status_1(tmp_path: Path) -> None:
     (tmp_path / "empty.ckpt").write_bytes(b"")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "recipes.lm", "--ckpt_path", "empty.ckpt"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 1 and "Traceback" not in run.stderr
-    assert run.stderr.strip().splitlines()[-1] == (
-        "python -m recipes.lm: error: --ckpt_path empty.ckpt is empty (0 bytes), not a checkpoint; "
-        "was its copy or save interrupted?"
-    )
+    for args, fragment in ((["--ckpt_path", "empty.ckpt"], "--ckpt_path empty.ckpt is empty (0 bytes), not a checkpoint"),
+                           (["--data.seq_len", "0"], "data.seq_len=0 must be a positive integer")):
+        run = subprocess.run([sys.executable, "-m", "recipes.lm", *args], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
+        assert run.stderr.strip().splitlines()[-1].startswith(f"python -m recipes.lm: error: {fragment}")
 
 
 # -- NaN predictions are never counted as correct -----------------------------------------------
