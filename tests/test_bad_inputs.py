@@ -477,3 +477,13 @@ def test_vit_validation_of_nan_weights_reports_zero_top1(tmp_path: Path, monkeyp
     _poison(cli.model.model)
     results = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     assert results[0]["val/top1"] == 0.0 and results[0]["val/top5"] == 0.0
+
+
+@pytest.mark.parametrize("path", ["http://example.invalid/last.ckpt", "s3://bucket/last.ckpt"])
+def test_remote_ckpt_paths_are_refused(path: str, tmp_path: Path, monkeypatch) -> None:
+    """Lightning would fetch a URL and unpickle it with weights_only=False."""
+    from recipes.lm import cli_main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="is a remote path; diffzoo reads checkpoints only from local files"):
+        cli_main(["fit", "--ckpt_path", path])
