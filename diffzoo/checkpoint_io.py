@@ -65,6 +65,9 @@ def _unsafe_globals(path: Path, message: str) -> list[str]:
 
 
 def _check_file(path: Path, what: str) -> None:
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+:/", str(path)):  # Path() folds "http://" to "http:/"
+        raise CheckpointReadError(f"{what or 'checkpoint'} {str(path).replace(':/', '://', 1)} is a remote path; "
+                                  "diffzoo reads checkpoints only from local files (download it first)")
     if not path.exists():
         raise FileNotFoundError(f"{_label(path, what)} does not exist")
     if not path.is_file():
@@ -85,6 +88,7 @@ def load_torch_file(path: PathLike, map_location: Any = "cpu", what: str = "", m
 
     Raises:
         FileNotFoundError: no such file.
+        CheckpointReadError: a remote path (``http://``, ``s3://``, ...): download the file first.
         UnsafeCheckpointError: the file holds pickled objects other than tensors and plain values.
         CheckpointReadError: the file is empty, truncated or not a ``torch.save`` file.
     """
@@ -140,8 +144,4 @@ def check_checkpoint_file(path: PathLike, what: str = "checkpoint") -> None:
     The tensors are memory-mapped rather than read, so this costs little even for large checkpoints.
     Remote paths (``http://``, ``s3://``, ...) are refused: download the file first.
     """
-    text = os.fspath(path)
-    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]+://", text):
-        raise CheckpointReadError(f"{what} {text} is a remote path; diffzoo reads checkpoints only from local files "
-                                  "(download it first)")
-    load_torch_file(text, what=what, mmap=True)
+    load_torch_file(path, what=what, mmap=True)

@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from ..checkpoint_io import CheckpointReadError, check_checkpoint_file, load_torch_file
+from ..checkpoint_io import CheckpointReadError, load_torch_file
 from .export import export_module
 
 
@@ -36,7 +36,6 @@ class SafeCheckpointIO(TorchCheckpointIO):
     """
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
-        check_checkpoint_file(path, what="--ckpt_path")  # one-line errors; memory-mapped, so cheap
         ckpt = load_torch_file(path, map_location=map_location or "cpu", what="--ckpt_path")
         if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
             raise CheckpointReadError(f"--ckpt_path {path} is not a Lightning checkpoint (no 'state_dict'); pass a "
