@@ -63,10 +63,13 @@ def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
     args = p.parse_args(argv)
     if not Path(args.weights).is_file():
         raise SystemExit(f"--weights {args.weights} does not exist")
-    rows = evaluate_weights(
-        args.weights, args.corpus, args.tokenizer, lengths=args.lengths, needle_counts=args.needles,
-        depths=args.depths, samples=args.samples, seed=args.seed,
-    )
+    try:
+        rows = evaluate_weights(
+            args.weights, args.corpus, args.tokenizer, lengths=args.lengths, needle_counts=args.needles,
+            depths=args.depths, samples=args.samples, seed=args.seed,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        p.error(str(e))
     for key in ("length", "needles", "depth"):
         print(summarize(rows, key) + "\n")
     if args.json:

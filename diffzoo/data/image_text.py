@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .embedded import load_mnist_5k
 from .folder import RobustImageFolder, find_classes
-from .modules import epoch_sampler
+from .modules import check_train_loader, epoch_sampler
 from .shards import ShardImageDataset
 from .skipping import EvalDataLoader
 
@@ -346,10 +346,11 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        loader = DataLoader(
             self.train_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.train_set, hp.seed),
             num_workers=hp.num_workers, drop_last=True, persistent_workers=hp.num_workers > 0,
         )
+        return check_train_loader(loader, f"the training split ({len(self.train_set)} coloured digits)")
 
     def val_dataloader(self) -> list[DataLoader]:
         hp = self.hparams
@@ -613,10 +614,11 @@ class ImageTextShardDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        loader = DataLoader(
             self.train_set, batch_size=hp.batch_size, num_workers=hp.num_workers, drop_last=True,
             pin_memory=torch.cuda.is_available(), persistent_workers=hp.num_workers > 0,
         )
+        return check_train_loader(loader, f"data.train_samples={hp.train_samples}")
 
     def val_dataloader(self) -> list[DataLoader]:
         hp = self.hparams

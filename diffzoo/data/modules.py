@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Union
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
 
 from .augment import fix_posterize
 from .embedded import MNIST_MEAN, MNIST_STD, load_mnist_5k, split_indices
@@ -39,6 +39,40 @@ def epoch_sampler(dataset: Dataset, seed: int, shuffle: bool = True, drop_last: 
     """
     rank, world = _rank_world()
     return DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+
+def check_train_loader(loader: DataLoader, source: str) -> DataLoader:
+    """Return ``loader``, or raise ``ValueError`` when one epoch of it would hold no batch.
+
+    A training loader drops its last incomplete batch, so fewer samples per device than ``batch_size``
+    (for an iterable data set: per DataLoader worker, since each worker batches its own share) would make
+    ``fit`` end at once and export untrained weights. ``source`` names the setting that sets the sample
+    count, e.g. ``"data.train_windows=8"``.
+    """
+    b = loader.batch_size
+    if b is None or not loader.drop_last:
+        return loader
+    if isinstance(loader.dataset, IterableDataset):
+        try:
+            n = len(loader.dataset)  # samples per device
+        except TypeError:
+            return loader  # one pass of unknown length
+        workers = max(1, loader.num_workers)
+        if sum((n // workers + (w < n % workers)) // b for w in range(workers)) == 0:
+            per = f"{n // workers} per DataLoader worker ({workers} workers; each drops its own last incomplete batch)"
+            raise ValueError(
+                f"{source} gives {n} training samples per device, {per}, fewer than batch_size={b}: an epoch would "
+                f"have no training batch; lower data.batch_size or data.num_workers, or use more training samples"
+            )
+        return loader
+    n = len(loader.sampler)
+    if n < b:
+        raise ValueError(
+            f"{source} gives {n} training samples per device, fewer than batch_size={b}: with the last incomplete "
+            f"batch dropped an epoch would have no training batch; lower data.batch_size to at most {n} or use more "
+            "training samples"
+        )
+    return loader
 
 
 class DigitsDataModule(pl.LightningDataModule):
@@ -89,11 +123,13 @@ class DigitsDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        loader = DataLoader(
             self.train_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.train_set, hp.seed, drop_last=False),
             num_workers=hp.num_workers, drop_last=True, collate_fn=_shift_collate if hp.augment else None,
             persistent_workers=hp.num_workers > 0,
         )
+        return check_train_loader(loader, f"the training split ({len(self.train_set)} digits: limit={hp.limit}, "
+                                          f"num_val={hp.num_val})")
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -206,11 +242,12 @@ class ImageFolderDataModule(_TimmImageDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        loader = DataLoader(
             self.train_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.train_set, hp.seed),
             num_workers=hp.num_workers, drop_last=True, pin_memory=torch.cuda.is_available(),
             persistent_workers=hp.num_workers > 0,
         )
+        return check_train_loader(loader, f"{os.path.join(hp.data_dir, hp.train_dir)} ({len(self.train_set)} images)")
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -272,10 +309,11 @@ class ShardDataModule(_TimmImageDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        loader = DataLoader(
             self.train_set, batch_size=hp.batch_size, num_workers=hp.num_workers, drop_last=True,
             pin_memory=torch.cuda.is_available(),
         )
+        return check_train_loader(loader, f"data.train_samples={hp.train_samples}")
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams

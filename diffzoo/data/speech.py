@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from .modules import epoch_sampler
+from .modules import check_train_loader, epoch_sampler
 from .skipping import EvalDataLoader, SkipsBadItems
 from .synth import (
     KEYWORDS, SILENCE, SPLITS, UNKNOWN, SynthConfig, class_names, colored_noise, load_or_synthesize, mix_noise,
@@ -407,7 +407,7 @@ class _AudioDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True)
+        return check_train_loader(self._loader(self.train_set, True), f"the training split ({len(self.train_set)} clips)")
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, False)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from .modules import _rank_world, epoch_sampler
+from .modules import _rank_world, check_train_loader, epoch_sampler
 from .needles import make_needle_sample, needle_sample_from_seed
 
 PathLike = Union[str, os.PathLike]
@@ -98,6 +98,23 @@ def _sha1(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()
 
 
+# Characters that do not occur in text: C0 controls other than tab, newlines, form feed and escape.
+_NON_TEXT = frozenset(chr(c) for c in range(32) if chr(c) not in "\t\n\r\x0b\x0c\x1b")
+MAX_NON_TEXT_FRACTION = 0.1
+
+
+def _check_text(path: Path, data: bytes, text: str) -> None:
+    """Refuse a corpus file that is mostly not UTF-8 text (a binary file would train on U+FFFD tokens)."""
+    undecodable = text.count("\ufffd") - data.count("\ufffd".encode())  # replacements made by decoding
+    control = sum(text.count(c) for c in _NON_TEXT)
+    fraction = (undecodable + control) / max(1, len(text))
+    if fraction > MAX_NON_TEXT_FRACTION:
+        raise ValueError(
+            f"corpus file {path} does not look like UTF-8 text: {fraction:.0%} of its {len(text)} characters are "
+            f"undecodable bytes or control characters (at most {MAX_NON_TEXT_FRACTION:.0%} allowed); pass text files"
+        )
+
+
 def _read_corpus(corpus: Optional[Union[PathLike, Sequence[PathLike]]]) -> tuple[str, str]:
     """``(text, label)`` of the corpus: the embedded topics, text files, or every ``*.txt`` of a folder."""
     if corpus is None:
@@ -118,9 +135,11 @@ def _read_corpus(corpus: Optional[Union[PathLike, Sequence[PathLike]]]) -> tuple
             raise FileNotFoundError(f"corpus file {p} does not exist")
     texts = []
     for f in files:
-        text = f.read_text(encoding="utf-8", errors="replace")
+        data = f.read_bytes()
+        text = data.decode("utf-8", errors="replace")
         if not text.strip():
             raise ValueError(f"corpus file {f} is empty")
+        _check_text(f, data, text)
         texts.append(text)
     return "\n\n".join(texts), files[0].stem if len(files) == 1 else f"{files[0].stem}+{len(files) - 1}"
 
@@ -304,6 +323,10 @@ class TextDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1")
+        for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("train_windows", train_windows),
+                            ("val_windows", val_windows)):
+            if value < 1:
+                raise ValueError(f"data.{name}={value} must be a positive integer")
         self.tokenizer = get_tokenizer(tokenizer)
         self.vocab_size = self.tokenizer.vocab_size  # linked to the model by the recipe
         self.token_path: Optional[Path] = None
@@ -337,10 +360,11 @@ class TextDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         sampler = RandomWindowSampler(self.train_set, hp.train_windows, hp.seed, hp.needle_fraction)
-        return DataLoader(
+        loader = DataLoader(
             self.train_set, batch_size=hp.batch_size, sampler=sampler, num_workers=hp.num_workers, drop_last=True,
             persistent_workers=hp.num_workers > 0,
         )
+        return check_train_loader(loader, f"data.train_windows={hp.train_windows}")
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams

@@ -33,7 +33,6 @@ diffzoo's ``sub_norm``; its LayerNorms use eps 1e-5, as diffzoo's CLIP configs.
 from __future__ import annotations
 
 import logging
-import pickle
 import re
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -150,17 +149,14 @@ def convert_diffclip_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, T
 
 
 def _load_file(path: Path, map_location: Any, weights_only: bool) -> Mapping[str, Any]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    from ..checkpoint_io import UnsafeCheckpointError, read_weights
 
-        return load_file(str(path), device=str(map_location))
+    if not weights_only:  # the caller vouches for the file
+        return torch.load(path, map_location=map_location, weights_only=False)
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
-    except pickle.UnpicklingError as e:
-        raise ValueError(
-            f"{path} holds objects other than tensors (e.g. training arguments) that weights_only=True refuses; "
-            "if you trust the file, pass weights_only=False"
-        ) from e
+        return read_weights(path, map_location=map_location)
+    except UnsafeCheckpointError as e:
+        raise UnsafeCheckpointError(f"{e}; or, only for a file you trust, pass weights_only=False") from None
 
 
 def load_converted(model: nn.Module, converted: Mapping[str, Tensor], strict: bool = True) -> tuple[list[str], list[str]]:

@@ -8,8 +8,81 @@ from pathlib import Path
 from typing import Any, Optional
 
 import lightning.pytorch as pl
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from ..checkpoint_io import CheckpointReadError, load_torch_file
 from .export import export_module
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss became NaN or infinite; the run stops and exports nothing."""
+
+
+def require_trained(trainer: pl.Trainer) -> None:
+    """Raise ``ValueError`` when ``fit`` ran no training batch, so no untrained weights are exported as a result."""
+    if trainer.num_training_batches == 0:
+        raise ValueError(
+            "the training data gave 0 batches (fewer samples per device than the batch size, with the last "
+            "incomplete batch dropped); nothing was exported: lower the batch size or use more training data"
+        )
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` reading checkpoints with ``torch.load(weights_only=True)`` only.
+
+    ``weights_only=False`` requests are not honoured: diffzoo's checkpoints hold tensors and plain values,
+    and a file that needs more is refused (:mod:`diffzoo.checkpoint_io`) instead of being unpickled.
+    """
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        ckpt = load_torch_file(path, map_location=map_location or "cpu", what="--ckpt_path")
+        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+            raise CheckpointReadError(f"--ckpt_path {path} is not a Lightning checkpoint (no 'state_dict'); pass a "
+                                      ".ckpt written during training (checkpoints/last.ckpt)")
+        return ckpt
+
+
+class TrainingGuard(pl.Callback):
+    """Stops runs that would end in a wrong result that looks fine, and reads resume checkpoints safely.
+
+    * Before each backward pass, a NaN or infinite training loss raises :class:`TrainingDiverged` naming
+      the step, before the optimizer can write non-finite weights; ``fit`` then ends without
+      ``on_fit_end``, so nothing is exported and the recipes exit non-zero.
+    * Lightning's default checkpoint reader is replaced by :class:`SafeCheckpointIO` before it restores
+      ``ckpt_path``: a checkpoint holding pickled objects other than tensors and plain values, a remote,
+      an empty or a non-checkpoint file is refused with a one-line error, and nothing from it runs.
+      (A custom ``CheckpointIO`` plugin given to the Trainer is left in place.)
+
+    The diffzoo tasks attach it themselves (``configure_callbacks``).
+    """
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = SafeCheckpointIO()
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        bad = not bool(torch.isfinite(loss.detach()).all())
+        if trainer.world_size > 1:  # every rank stops together
+            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if not bad:
+            return
+        value = loss.detach().float().flatten()[0].item() if loss.numel() else float("nan")
+        lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups][:1]
+        lr = f" (learning rate {lrs[0]:.3g})" if lrs else ""
+        batch = trainer.fit_loop.epoch_loop.batch_idx
+        raise TrainingDiverged(
+            f"the training loss is {value} at step {trainer.global_step} (epoch {trainer.current_epoch}, batch "
+            f"{batch}){lr}; training stopped and nothing was exported. Lower the learning rate or use fp32/bf16, "
+            "and restart (or resume from an earlier checkpoint)"
+        )
+
+
+class GuardedTraining:
+    """LightningModule mixin attaching a :class:`TrainingGuard` to every Trainer that runs the module."""
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        return [TrainingGuard()]
 
 
 class RunSummary(pl.Callback):
@@ -38,6 +111,7 @@ class RunSummary(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         out = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
+        require_trained(trainer)
         if not trainer.is_global_zero:
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}

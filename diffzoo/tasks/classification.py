@@ -1,7 +1,7 @@
 """Image classification as a LightningModule: any timm model, AdamW + warmup + cosine, DeiT's regularisers.
 
 Label smoothing and Mixup/CutMix come from timm (``timm.data.Mixup``, ``SoftTargetCrossEntropy``), the
-optional weight EMA from ``timm.utils.ModelEmaV3``, top-1/top-5 from torchmetrics.
+optional weight EMA from ``timm.utils.ModelEmaV3``, top-1/top-5 from torchmetrics (a NaN or infinite logit row counts as wrong).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
-from torchmetrics.classification import MulticlassAccuracy
 
+from .callbacks import GuardedTraining
+from .metrics import FiniteMulticlassAccuracy
 from .resume import RestoresRNG
 
 
@@ -47,7 +48,7 @@ def _num_skipped(dataset: Any) -> int:
     return int(getattr(dataset, "num_bad", 0) or 0)
 
 
-class ImageClassificationTask(RestoresRNG, pl.LightningModule):
+class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
     """Train a timm-registered classifier (``diffvit_*``, ``softvit_*`` or any timm model).
 
     Args:
@@ -113,10 +114,10 @@ class ImageClassificationTask(RestoresRNG, pl.LightningModule):
 
             self.ema = ModelEmaV3(self.model, decay=ema_decay)
         top5 = min(5, num_classes)
-        self.train_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_top5 = MulticlassAccuracy(num_classes, top_k=top5, average="micro")
-        self.val_top1_ema = MulticlassAccuracy(num_classes, top_k=1, average="micro") if self.ema is not None else None
+        self.train_top1 = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_top1 = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.val_top5 = FiniteMulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.val_top1_ema = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro") if self.ema is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, C, H, W)`` -> ``(B, num_classes)`` logits."""

@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from .callbacks import RunSummary
+from .callbacks import GuardedTraining, RunSummary
 from .classification import warmup_cosine, weight_decay_groups
 from .export import save_safetensors
 from .resume import RestoresRNG
@@ -41,7 +41,7 @@ def split_clip_output(out: Any) -> tuple[Tensor, Tensor, Tensor]:
     return out[0], out[1], out[2]
 
 
-class ContrastiveTask(RestoresRNG, pl.LightningModule):
+class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
     """Train an open_clip-registered model (``DiffCLIP-*``, ``SoftCLIP-*`` or any open_clip config).
 
     Batches: ``(images, tokens)`` for training. Validation loaders may give ``(images, tokens)`` pairs

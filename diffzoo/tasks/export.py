@@ -22,8 +22,9 @@ import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import torch
 from torch import Tensor, nn
+
+from ..checkpoint_io import load_torch_file
 
 PathLike = Union[str, os.PathLike]
 
@@ -64,9 +65,9 @@ def export_checkpoint(checkpoint: PathLike, path: Optional[PathLike] = None, use
         use_ema: export the EMA weights (the checkpoint must hold them).
     """
     checkpoint = Path(checkpoint)
-    ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the user's own file
-    hparams = dict(ckpt.get("hyper_parameters", {}))
-    if "model" not in hparams:
+    ckpt = load_torch_file(checkpoint, what="checkpoint")  # tensors and plain values only
+    hparams = dict(ckpt.get("hyper_parameters") or {}) if isinstance(ckpt, dict) else {}
+    if "model" not in hparams or not isinstance(ckpt.get("state_dict"), dict):
         raise ValueError(f"{checkpoint} was not written by diffzoo.tasks.ImageClassificationTask (no 'model' hparam)")
     prefix = "ema.module." if use_ema else "model."
     state = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
@@ -78,13 +79,30 @@ def export_checkpoint(checkpoint: PathLike, path: Optional[PathLike] = None, use
 
 def read_metadata(path: PathLike) -> tuple[str, dict[str, Any]]:
     """``(model_name, model_args)`` stored in an exported safetensors file."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
+    meta = safetensors_metadata(path)
     if "model" not in meta:
         raise ValueError(f"{path} has no diffzoo metadata; pass the model name to timm.create_model yourself")
-    return meta["model"], json.loads(meta.get("model_args", "{}"))
+    try:
+        args = json.loads(meta.get("model_args", "{}"))
+    except json.JSONDecodeError:
+        args = None
+    if not isinstance(args, dict):
+        raise ValueError(f"{path}: the model_args metadata is not a JSON object; the file was not written by diffzoo")
+    return meta["model"], args
+
+
+def safetensors_metadata(path: PathLike) -> dict[str, str]:
+    """The header metadata of a safetensors file (``{}`` when it has none); one-line errors for other files."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a safetensors file ({e}); diffzoo exports weights as .safetensors") from None
 
 
 def load_exported(path: PathLike, **overrides: Any) -> nn.Module:

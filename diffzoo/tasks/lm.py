@@ -6,6 +6,7 @@ optimizer steps. Checkpoints carry the Python/NumPy/torch RNG states, so a resum
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,14 +19,15 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from ..models.lm import LM_PRESETS, CausalLM, LMConfig
+from .callbacks import GuardedTraining, require_trained
 from .classification import warmup_cosine, weight_decay_groups
-from .export import save_safetensors
+from .export import read_metadata, safetensors_metadata, save_safetensors
 from .resume import RestoresRNG
 
 __all__ = ["LMRunSummary", "LanguageModelTask", "export_lm", "load_lm"]
 
 
-class LanguageModelTask(RestoresRNG, pl.LightningModule):
+class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
     """Train a :class:`~diffzoo.models.lm.CausalLM` on next-token prediction.
 
     Args:
@@ -113,12 +115,24 @@ def export_lm(task: LanguageModelTask, path: Any) -> Path:
 
 
 def load_lm(path: Any) -> CausalLM:
-    """Rebuild a :class:`CausalLM` from a file written by :func:`export_lm`."""
-    from safetensors import safe_open
+    """Rebuild a :class:`CausalLM` from a file written by :func:`export_lm`.
+
+    Raises ``ValueError`` (one line) for a file that is not such an export: not safetensors, no diffzoo
+    metadata, or the weights of another model family (e.g. a ViT export).
+    """
     from safetensors.torch import load_file
 
-    with safe_open(str(path), "pt") as f:
-        args = json.loads(f.metadata()["model_args"])
+    meta = safetensors_metadata(path)
+    if "model" not in meta or "model_args" not in meta:
+        raise ValueError(f"{path} has no diffzoo metadata (model, model_args); load_lm reads the model.safetensors "
+                         "that python -m recipes.lm (export_lm) writes")
+    name, args = read_metadata(path)
+    fields = {f.name for f in dataclasses.fields(LMConfig)}
+    if name not in LM_PRESETS or not set(args) <= fields:
+        raise ValueError(
+            f"{path} holds a {name!r} model, not a diffzoo language model; pass a model.safetensors written by "
+            f"python -m recipes.lm (presets: {', '.join(sorted(LM_PRESETS))})"
+        )
     model = CausalLM(LMConfig(**args))
     model.load_state_dict(load_file(str(path)), strict=not model.config.tie_embeddings)
     return model
@@ -133,6 +147,7 @@ class LMRunSummary(pl.Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         out = Path(trainer.log_dir or trainer.default_root_dir)
+        require_trained(trainer)
         if not trainer.is_global_zero:
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..analysis.maps import answer_share, effective_map
 from ..data.needles import Tokenizer, make_needle_sample, needle_masks
+from .metrics import finite_rows
 
 __all__ = ["attention_scores", "evaluate_retrieval"]
 
@@ -89,7 +90,8 @@ def evaluate_retrieval(
                     tokens = torch.stack([s.tokens for s in batch]).to(device)
                     logits, maps = model(tokens, return_attn=True)
                     a0, a1 = batch[0].answer
-                    hit = (logits[:, a0 - 1 : a1 - 1].argmax(-1) == tokens[:, a0:a1]).all(-1)
+                    answer_logits = logits[:, a0 - 1 : a1 - 1]
+                    hit = (answer_logits.argmax(-1) == tokens[:, a0:a1]).all(-1) & finite_rows(answer_logits.flatten(1))
                     correct += int(hit.sum())
                     query, answer, noise = (m.to(device) for m in needle_masks(batch))
                     s_ans, s_noise = attention_scores(maps, query, answer, noise)

@@ -12,9 +12,9 @@ from typing import Any, Optional
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
-from torchmetrics.classification import MulticlassAccuracy
 
 from .classification import ImageClassificationTask
+from .metrics import FiniteMulticlassAccuracy
 
 
 class SpeechClassificationTask(ImageClassificationTask):
@@ -51,7 +51,7 @@ class SpeechClassificationTask(ImageClassificationTask):
             weight_decay=weight_decay, betas=betas, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
             label_smoothing=label_smoothing, ema_decay=ema_decay, grad_checkpointing=grad_checkpointing,
         )
-        self.test_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.test_top1 = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro")
 
     def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
         """``(B, T)`` waveforms and ``(B,)`` valid samples -> ``(B, num_classes)`` logits."""

@@ -22,7 +22,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from ..checkpoint_io import read_weights
 from ..models import clip as _clip_family  # noqa: F401  (registers diffzoo's CLIP configs with open_clip)
+from .metrics import finite_rows
 
 PathLike = Union[str, os.PathLike]
 
@@ -80,25 +82,16 @@ def load_clip(
 
 
 def _read_weights(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=False)  # the user's own file
+    return read_weights(path, what="checkpoint")  # tensors and plain values only; never runs code from the file
 
 
 def checkpoint_model_name(path: PathLike) -> Optional[str]:
     """The open_clip model name stored in a diffzoo checkpoint (Lightning hparams or safetensors metadata)."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        from diffzoo.tasks.export import read_metadata
+        from diffzoo.tasks.export import safetensors_metadata
 
-        try:
-            return read_metadata(path)[0]
-        except Exception:  # noqa: BLE001 - a safetensors file without diffzoo metadata
-            return None
+        return safetensors_metadata(path).get("model")  # None without diffzoo metadata; raises for other files
     ckpt = _read_weights(path)
     return (ckpt.get("hyper_parameters") or {}).get("model") if isinstance(ckpt, dict) else None
 
@@ -183,10 +176,12 @@ def zero_shot_classifier(
 
 
 def topk_hits(logits: Tensor, labels: Tensor, ks: Sequence[int] = (1, 5)) -> dict[int, int]:
-    """How many rows of ``logits`` ``(B, C)`` have their label among the ``k`` largest (``k`` capped at C)."""
+    """How many rows of ``logits`` ``(B, C)`` have their label among the ``k`` largest (``k`` capped at C).
+
+    A row holding a NaN or an infinity counts as a miss."""
     kmax = min(max(ks), logits.shape[-1])
     top = logits.topk(kmax, dim=-1).indices  # (B, kmax)
-    correct = top == labels[:, None]
+    correct = (top == labels[:, None]) & finite_rows(logits)[:, None]  # a NaN / inf row is never a hit
     return {k: int(correct[:, : min(k, kmax)].any(dim=1).sum()) for k in ks}
 
 
@@ -305,8 +300,10 @@ def retrieval_recall(
         hits = torch.zeros(len(ks), dtype=torch.long)
         starts = range(0, len(q), chunk)
         for s in _progress(starts, progress, f"retrieval {name}", len(starts)):
-            top = (q[s : s + chunk] @ c.T).topk(kmax, dim=1).indices  # (chunk, kmax)
-            found = r[s : s + chunk].gather(1, top)  # relevance of the ranked candidates
+            scores = q[s : s + chunk] @ c.T
+            top = scores.topk(kmax, dim=1).indices  # (chunk, kmax)
+            # relevance of the ranked candidates; a query with a NaN / inf score finds nothing
+            found = r[s : s + chunk].gather(1, top) & finite_rows(scores)[:, None]
             for i, k in enumerate(ks):
                 hits[i] += int(found[:, : min(k, kmax)].any(dim=1).sum())
         for i, k in enumerate(ks):
