@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from diffzoo.stats import compare, holm
+from diffzoo.tasks.callbacks import DIVERGENCE_FILE
 from recipes._study import latest_log_dir, read_run, recipe_command, run_jobs, train
 
 MONITOR = ["--trainer.callbacks+=diffzoo.tasks.monitor.GradNormMonitor"]
@@ -131,6 +132,15 @@ def metric_value(run: dict, key: str) -> float:
     return float(run.get("summary", {}).get("metrics", {}).get(key, float("nan")))
 
 
+def _divergence(run_dir: Path) -> Optional[dict]:
+    """The divergence record a run left in its log folder (:data:`~diffzoo.tasks.callbacks.DIVERGENCE_FILE`)."""
+    try:
+        div = latest_log_dir(run_dir) / DIVERGENCE_FILE
+    except FileNotFoundError:
+        return None
+    return json.loads(div.read_text()) if div.is_file() else None
+
+
 def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, quick: bool, extra: Sequence[str],
               knob: Optional[tuple[str, str]] = None) -> dict:
     """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health."""
@@ -143,11 +153,11 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
     try:
         record["seconds"] = train(recipe_command(family.recipe, runs, name, args), runs / f"{name}.log")
         record.update(read_run(runs / name, (family.val_metric, "train/grad_norm"), steps=True))
-        log_dir = latest_log_dir(runs / name)
-        div = log_dir / "divergence.json"
-        record["diverged"] = json.loads(div.read_text()) if div.is_file() else None
+        record["diverged"] = _divergence(runs / name)
     except (RuntimeError, FileNotFoundError) as e:
-        record.update(failed=str(e), diverged=None, summary={}, curves={})
+        # a run that diverged stops with an error on purpose (and writes its divergence record): not a failure
+        diverged = _divergence(runs / name)
+        record.update(failed=None if diverged else str(e), diverged=diverged, summary={}, curves={})
     v = metric_value(record, family.val_metric)
     if not record.get("failed") and not math.isfinite(v) and record["diverged"] is None:
         record["diverged"] = {"what": family.val_metric, "value": str(v)}

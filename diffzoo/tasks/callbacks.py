@@ -15,8 +15,29 @@ from ..checkpoint_io import CheckpointReadError, load_torch_file
 from .export import export_module
 
 
+DIVERGENCE_FILE = "divergence.json"
+
+
 class TrainingDiverged(RuntimeError):
-    """The training loss became NaN or infinite; the run stops and exports nothing."""
+    """The training loss (or gradient norm) became NaN or infinite; the run stops and exports nothing."""
+
+
+def stop_diverged(trainer: pl.Trainer, what: str, value: float, batch: Optional[int] = None,
+                  lr: Optional[float] = None) -> None:
+    """Record a divergence in ``<log dir>/divergence.json`` (step, epoch, what, value) and raise
+    :class:`TrainingDiverged`; the record lets a sweep tell a diverged run from a crashed one."""
+    out = Path(trainer.log_dir or trainer.default_root_dir)
+    if trainer.is_global_zero:
+        out.mkdir(parents=True, exist_ok=True)
+        record = {"step": trainer.global_step, "epoch": trainer.current_epoch, "what": what, "value": str(value)}
+        (out / DIVERGENCE_FILE).write_text(json.dumps(record))
+    where = f"epoch {trainer.current_epoch}" + ("" if batch is None else f", batch {batch}")
+    rate = "" if lr is None else f" (learning rate {lr:.3g})"
+    raise TrainingDiverged(
+        f"the {what} is {value} at step {trainer.global_step} ({where}){rate}; training "
+        "stopped and nothing was exported. Lower the learning rate or use fp32/bf16, and restart (or resume from "
+        "an earlier checkpoint)"
+    )
 
 
 def require_trained(trainer: pl.Trainer) -> None:
@@ -47,7 +68,7 @@ class TrainingGuard(pl.Callback):
     """Stops runs that would end in a wrong result that looks fine, and reads resume checkpoints safely.
 
     * Before each backward pass, a NaN or infinite training loss raises :class:`TrainingDiverged` naming
-      the step, before the optimizer can write non-finite weights; ``fit`` then ends without
+      the step (and writes ``divergence.json`` into the log folder), before the optimizer can write non-finite weights; ``fit`` then ends without
       ``on_fit_end``, so nothing is exported and the recipes exit non-zero.
     * Lightning's default checkpoint reader is replaced by :class:`SafeCheckpointIO` before it restores
       ``ckpt_path``: a checkpoint holding pickled objects other than tensors and plain values, a remote,
@@ -69,13 +90,7 @@ class TrainingGuard(pl.Callback):
             return
         value = loss.detach().float().flatten()[0].item() if loss.numel() else float("nan")
         lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups][:1]
-        lr = f" (learning rate {lrs[0]:.3g})" if lrs else ""
-        batch = trainer.fit_loop.epoch_loop.batch_idx
-        raise TrainingDiverged(
-            f"the training loss is {value} at step {trainer.global_step} (epoch {trainer.current_epoch}, batch "
-            f"{batch}){lr}; training stopped and nothing was exported. Lower the learning rate or use fp32/bf16, "
-            "and restart (or resume from an earlier checkpoint)"
-        )
+        stop_diverged(trainer, "training loss", value, trainer.fit_loop.epoch_loop.batch_idx, lrs[0] if lrs else None)
 
 
 class GuardedTraining:

@@ -18,6 +18,7 @@ from ..models.variants import build_lm
 from .callbacks import RunSummary
 from .export import save_safetensors
 from .lm import LanguageModelTask
+from .callbacks import GuardedTraining
 from .resume import RestoresRNG
 
 __all__ = ["MQARRunSummary", "MQARTask", "query_accuracy"]
@@ -30,7 +31,7 @@ def query_accuracy(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return correct.sum(), mask.sum()
 
 
-class MQARTask(RestoresRNG, pl.LightningModule):
+class MQARTask(GuardedTraining, RestoresRNG, pl.LightningModule):
     """Train a causal LM on MQAR (:mod:`diffzoo.data.mqar`).
 
     Args:
