@@ -331,8 +331,15 @@ _PREFIX = {"kwt": ("diffkwt", "softkwt"), "ast": ("diffast", "softast")}
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
-    return {"url": "", "num_classes": 12, "input_size": (1, 1, 16000), "fixed_input_size": False,  # (mono, 1, 1 s at 16 kHz)
-           
+    """timm pretrained config of a speech encoder.
+
+    The input is a mono waveform at 16 kHz: ``input_size=(1, samples)``, so timm's ``(B, *input_size)``
+    batch is the ``(B, 1, T)`` that :meth:`SpeechTransformer.forward` reads (one second by default; any
+    length works, ``fixed_input_size=False``). The model normalises its log-mel features itself
+    (``mel_mean`` / ``mel_std``), so the waveform gets no normalisation outside it: mean 0, std 1.
+    """
+    return {"url": "", "num_classes": 12, "input_size": (1, 16000), "fixed_input_size": False,
+            "mean": (0.0,), "std": (1.0,), "crop_pct": 1.0, "pool_size": None,
             "first_conv": "patch_embed", "classifier": "head", "license": "apache-2.0", **kwargs}
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "VisionTransformer",
     "attention_layer",
     "checkpoint_filter_fn",
+    "diff_head_layout",
     "set_lambda_init",
     "vision_transformer",
 ]
@@ -99,6 +100,15 @@ def _refuse_timm_only_options(qk_norm: bool, scale_norm: bool) -> None:
 def _to(module: nn.Module, device: Any, dtype: Any) -> None:
     if device is not None or dtype is not None:
         module.to(device=device, dtype=dtype)
+
+
+def diff_head_layout(dim: int, num_heads: int) -> tuple[int, int, int]:
+    """Differential V1 ``(heads, kv_heads, head_dim)`` for a softmax baseline of ``num_heads`` heads.
+
+    An even count ``2H`` gives ``H`` heads of the baseline's width; an odd count keeps its heads at half
+    width (``dim // (2 * num_heads)``). Either way the projections have the baseline's shapes.
+    """
+    return diff_heads_for_baseline(dim, num_heads, head_dim=None if num_heads % 2 == 0 else dim // (2 * num_heads))
 
 
 class _TimmForward:
@@ -176,9 +186,7 @@ class TimmDiffAttention(_TimmForward, DiffAttention):
         dtype: Any = None,
     ) -> None:
         _refuse_timm_only_options(qk_norm, scale_norm)
-        heads, kv_heads, head_dim = diff_heads_for_baseline(
-            dim, num_heads, head_dim=None if num_heads % 2 == 0 else dim // (2 * num_heads)
-        )
+        heads, kv_heads, head_dim = diff_head_layout(dim, num_heads)
         super().__init__(
             dim, heads, kv_heads, head_dim, lambda_init=lambda_init, depth=depth, qkv_bias=qkv_bias,
             proj_bias=proj_bias, attn_drop=attn_drop, proj_drop=proj_drop, backend=backend,
