@@ -429,9 +429,12 @@ def _create(variant: str, pretrained: bool, **kwargs: Any) -> VisionTransformer:
             kwargs[new] = kwargs.pop(old)
     if "norm_eps" in kwargs:
         kwargs["norm_layer"] = partial(LayerNorm, eps=kwargs.pop("norm_eps"))
+    out_indices = kwargs.pop("out_indices", 3)
     arch = {**VIT_CONFIGS[size], **kwargs}
+    # features_only=True wraps the model as timm's vit_* are wrapped: FeatureGetterNet over forward_intermediates
     return build_model_with_cfg(
-        vision_transformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **arch
+        vision_transformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **arch,
     )
 
 
