@@ -148,3 +148,23 @@ def test_configs_are_consistent() -> None:
     assert set(VIT_CONFIGS) == {n.split("_", 1)[1] for n in ALL}
     with pytest.raises(ValueError, match="not a diffzoo ViT"):
         matched_name("vit_small_patch16_224")
+
+
+def test_timm_vit_options_apply_to_the_differential_attention() -> None:
+    torch.manual_seed(0)
+    dyn = timm.create_model("diffvit_nano_patch7_28", dynamic_img_size=True).eval()
+    assert dyn(torch.randn(1, 1, 35, 42)).shape == (1, 10)  # 5 x 6 patches, position embedding resampled
+    torch.manual_seed(0)
+    plain = timm.create_model("diffvit_nano_patch7_28")
+    torch.manual_seed(0)
+    fixed = timm.create_model("diffvit_nano_patch7_28", fix_init=True)  # rescales attn.proj per depth
+    ratio = plain.blocks[3].attn.out_proj.weight / fixed.blocks[3].attn.out_proj.weight
+    torch.testing.assert_close(ratio, torch.full_like(ratio, 8 ** 0.5))
+    with pytest.raises(ValueError, match="qk_norm"):
+        timm.create_model("diffvit_nano_patch7_28", qk_norm=True)
+    with pytest.raises(ValueError, match="head_dim is derived"):
+        timm.create_model("diffvit_nano_patch7_28", head_dim=8)
+    with pytest.raises(ValueError, match="softmax baseline is timm's own"):
+        timm.create_model("softvit_nano_patch7_28", lambda_init=0.8)
+    v2 = timm.create_model("diffvit_nano_patch7_28", attn="diff_v2").eval()
+    assert type(v2.blocks[0].attn).__name__ == "TimmDiffAttentionV2" and v2(torch.randn(2, 1, 28, 28)).shape == (2, 10)
