@@ -97,11 +97,6 @@ def _refuse_timm_only_options(qk_norm: bool, scale_norm: bool) -> None:
         )
 
 
-def _to(module: nn.Module, device: Any, dtype: Any) -> None:
-    if device is not None or dtype is not None:
-        module.to(device=device, dtype=dtype)
-
-
 def diff_head_layout(dim: int, num_heads: int) -> tuple[int, int, int]:
     """Differential V1 ``(heads, kv_heads, head_dim)`` for a softmax baseline of ``num_heads`` heads.
 
@@ -128,6 +123,32 @@ class _TimmForward:
     """
 
     __jit_unused_properties__ = ["proj"]
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        depth: int = 0,
+        lambda_init: float | None = None,
+        backend: str | None = None,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        _refuse_timm_only_options(qk_norm, scale_norm)
+        self._init_layer(
+            dim, num_heads, depth, lambda_init, qkv_bias=qkv_bias, proj_bias=proj_bias, attn_drop=attn_drop,
+            proj_drop=proj_drop, backend=backend,
+        )
+        self.baseline_heads = num_heads
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
 
     @property
     def proj(self) -> nn.Linear:
@@ -168,31 +189,9 @@ class TimmDiffAttention(_TimmForward, DiffAttention):
         backend: diffzoo kernel backend of this layer (None follows :mod:`diffzoo.kernels`).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        depth: int = 0,
-        lambda_init: float | None = None,
-        backend: str | None = None,
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        _refuse_timm_only_options(qk_norm, scale_norm)
+    def _init_layer(self, dim: int, num_heads: int, depth: int, lambda_init: float | None, **kwargs: Any) -> None:
         heads, kv_heads, head_dim = diff_head_layout(dim, num_heads)
-        super().__init__(
-            dim, heads, kv_heads, head_dim, lambda_init=lambda_init, depth=depth, qkv_bias=qkv_bias,
-            proj_bias=proj_bias, attn_drop=attn_drop, proj_drop=proj_drop, backend=backend,
-        )
-        self.baseline_heads = num_heads
-        _to(self, device, dtype)
+        DiffAttention.__init__(self, dim, heads, kv_heads, head_dim, lambda_init=lambda_init, depth=depth, **kwargs)
 
     def _reset_extra(self) -> None:
         self.reset_lambda()
@@ -216,33 +215,14 @@ class TimmDiffAttentionV2(_TimmForward, DiffAttentionV2):
     """:class:`diffzoo.layers.DiffAttentionV2` with timm's attention constructor, for ``attn_layer=``.
 
     ``num_heads`` (the baseline's) is V2's output head count; ``2 * num_heads`` query heads are
-    computed. Arguments as :class:`TimmDiffAttention` (``depth`` and ``lambda_init`` do not apply: V2
-    predicts lambda per token).
+    computed. Arguments as :class:`TimmDiffAttention`; ``depth`` is unused and ``lambda_init`` must
+    stay None (V2 predicts lambda per token).
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        depth: int = 0,
-        backend: str | None = None,
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        _refuse_timm_only_options(qk_norm, scale_norm)
-        super().__init__(
-            dim, num_heads, qkv_bias=qkv_bias, proj_bias=proj_bias, attn_drop=attn_drop, proj_drop=proj_drop,
-            backend=backend,
-        )
-        self.baseline_heads = num_heads
-        _to(self, device, dtype)
+    def _init_layer(self, dim: int, num_heads: int, depth: int, lambda_init: float | None, **kwargs: Any) -> None:
+        if lambda_init is not None:
+            raise ValueError("lambda_init does not apply to attn='diff_v2' (V2 predicts lambda per token)")
+        DiffAttentionV2.__init__(self, dim, num_heads, **kwargs)
 
     def _reset_extra(self) -> None:
         pass  # lambda_proj is an nn.Linear: timm's init covers it
