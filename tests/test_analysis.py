@@ -29,6 +29,7 @@ from diffzoo.analysis import (  # importing diffzoo registers its models with ti
 from diffzoo.kernels import attention, diff_attention
 from diffzoo.kernels.reference import attention_reference, diff_attention_reference
 from diffzoo.layers import Attention, Block, DiffAttention, DiffAttentionV2
+from timm.layers import Attention as TimmAttention
 from diffzoo.models.lm import CausalLM
 
 from conftest import rel_err  # tests/ is on sys.path
@@ -55,7 +56,7 @@ def lm(attn: str = "diff") -> CausalLM:
 
 def assert_unpatched(model: nn.Module) -> None:
     for m in model.modules():
-        assert "_attend" not in m.__dict__
+        assert "_attend" not in m.__dict__ and "forward" not in m.__dict__
         assert not m._forward_hooks
 
 
@@ -149,8 +150,8 @@ def test_record_attention_on_models_leaves_outputs_unchanged(family, kind):
         out = model(*args, **kwargs)
     assert torch.equal(out, expected)
     assert_unpatched(model)
-    attn_layers = [m for m in model.modules() if isinstance(m, (Attention, DiffAttention, DiffAttentionV2))]
-    assert len(rec) == len(attn_layers) and [layer.index for layer in rec] == list(range(len(attn_layers)))
+    attn_layers = [m for m in model.modules() if isinstance(m, (Attention, DiffAttention, DiffAttentionV2, TimmAttention))]
+    assert attn_layers and len(rec) == len(attn_layers) and [layer.index for layer in rec] == list(range(len(attn_layers)))
     for layer, module in zip(rec, attn_layers):
         maps = [layer.attn1, layer.attn2] if kind == "diff" else [layer.attn]
         for a in maps:
@@ -441,3 +442,16 @@ def test_plots_render_valid_pngs(tmp_path):
         assert data[:8] == PNG and len(data) > 2000, p
     with pytest.raises(ValueError, match="weights for"):
         plots.plot_text_attention("abc", torch.ones(4), tmp_path / "bad.png")
+
+
+def test_low_bit_attention_reaches_timm_attention_of_softmax_vit():
+    """The softmax ViT baseline is timm's ViT; low_bit_attention(model=...) still quantises its logits."""
+    torch.manual_seed(0)
+    model, x = vit("soft"), torch.randn(2, 1, 28, 28)
+    assert any(type(m) is TimmAttention for m in model.modules())
+    with torch.no_grad():
+        plain = model(x)
+        outs = metric_vs_bits(lambda: model(x), (None, 2), model=model)
+    torch.testing.assert_close(outs[None], plain, rtol=1e-4, atol=1e-5)  # unquantised: same math
+    assert (outs[2] - plain).abs().max() > 1e-3  # 2-bit logits change the output
+    assert_unpatched(model)

@@ -12,8 +12,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from timm.layers import Attention as TimmAttention
+
 from diffzoo.layers import Attention, DiffAttention, check_matched, lambda_init_schedule
 from diffzoo.models import clip as C
+from diffzoo.models.vit import TimmDiffAttention
 from diffzoo.models.clip_convert import convert_diffclip_state_dict, load_diffclip_checkpoint, unwrap_state_dict
 
 VIT_B = ["DiffCLIP-ViT-B-16", "DiffCLIPstar-ViT-B-16", "DiffCLIPdagger-ViT-B-16", "SoftCLIP-ViT-B-16"]
@@ -32,7 +35,7 @@ def _tokens(texts: list[str], context_length: int = 16) -> torch.Tensor:
 
 
 def _attn_kinds(tower: torch.nn.Module) -> set[type]:
-    return {type(m) for m in tower.modules() if isinstance(m, (Attention, DiffAttention))}
+    return {type(m) for m in tower.modules() if isinstance(m, (Attention, DiffAttention, TimmAttention))}
 
 
 # -- registration and the open_clip factory --------------------------------------------------------
@@ -72,10 +75,11 @@ def test_factory_builds_vit_b_on_meta(name: str) -> None:
     assert model.visual.preprocess_cfg["mean"] == open_clip.OPENAI_DATASET_MEAN
     vis_attn, txt_attn = v.trunk.blocks[3].attn, t.blocks[3].attn
     if name == "SoftCLIP-ViT-B-16":
-        assert _attn_kinds(v) == _attn_kinds(t) == {Attention}
+        # the image tower is timm's ViT with timm's attention, the text tower diffzoo's softmax blocks
+        assert _attn_kinds(v) == {TimmAttention} and _attn_kinds(t) == {Attention}
         assert (vis_attn.num_heads, vis_attn.head_dim, txt_attn.num_heads, txt_attn.head_dim) == (12, 64, 8, 64)
         return
-    assert _attn_kinds(v) == {DiffAttention}
+    assert _attn_kinds(v) == {TimmDiffAttention}  # diffzoo's DiffAttention inside timm's ViT
     assert (vis_attn.num_heads, vis_attn.head_dim) == (6, 64)  # 12 baseline heads -> 6 differential heads
     if name == "DiffCLIPdagger-ViT-B-16":
         assert _attn_kinds(t) == {Attention} and (txt_attn.num_heads, txt_attn.head_dim) == (8, 64)

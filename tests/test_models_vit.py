@@ -10,8 +10,10 @@ import timm
 import torch
 
 import diffzoo.models  # noqa: F401  (registers the models)
+from timm.layers import Attention as TimmAttention
+from timm.models.vision_transformer import VisionTransformer as TimmVisionTransformer
+
 from diffzoo.layers import DiffAttention, check_matched, count_parameters
-from diffzoo.layers.attention import Attention
 from diffzoo.models import VIT_CONFIGS, VisionTransformer, matched_name, model_names
 
 ALL = model_names()
@@ -26,7 +28,7 @@ def _small_kwargs(name: str) -> dict:
 def test_registered_model_forward_backward(name: str) -> None:
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=7, **_small_kwargs(name))
-    assert isinstance(model, VisionTransformer)
+    assert VisionTransformer is TimmVisionTransformer and type(model) is TimmVisionTransformer
     c, h, w = model.pretrained_cfg["input_size"]
     size = model.patch_embed.img_size
     x = torch.randn(2, c, *size)
@@ -46,12 +48,13 @@ def test_differential_models_use_diffzoo_attention_and_match_baseline(name: str)
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
         diff, base = timm.create_model(name, **kw), timm.create_model(matched_name(name), **kw)
     assert all(isinstance(b.attn, DiffAttention) for b in diff.blocks)
-    assert all(type(b.attn) is Attention for b in base.blocks)
+    assert all(type(b.attn) is TimmAttention for b in base.blocks)  # the baseline is timm's own ViT
     assert check_matched(base, diff) < 0.005
     # Paper convention: projections have identical shapes; only lambdas and per-head norms are extra.
     for bd, bb in zip(diff.blocks, base.blocks):
-        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            assert getattr(bd.attn, proj).weight.shape == getattr(bb.attn, proj).weight.shape
+        qkv = torch.cat([bd.attn.q_proj.weight, bd.attn.k_proj.weight, bd.attn.v_proj.weight])
+        assert qkv.shape == bb.attn.qkv.weight.shape
+        assert bd.attn.out_proj.weight.shape == bb.attn.proj.weight.shape
     d = diff.blocks[0].attn.head_dim
     assert count_parameters(diff) - count_parameters(base) == len(diff.blocks) * 6 * d
 
@@ -91,14 +94,15 @@ def test_timm_features() -> None:
     assert torch.allclose(m.forward_head(feats, pre_logits=True), feats[:, 1:].mean(1))
     m.reset_classifier(0, global_pool="")
     assert m(x).shape == (2, 17, 96)
-    with pytest.raises(ValueError, match="class_token"):
+    with pytest.raises(AssertionError, match="class token"):  # timm's own check
         timm.create_model("diffvit_nano_patch7_28", class_token=False)
     m = timm.create_model("diffvit_nano_patch7_28", class_token=False, global_pool="avg")
     assert m(x).shape == (2, 10)
     # img_size, drop_path_rate, pretrained_cfg
     m = timm.create_model("diffvit_tiny_patch16_224", img_size=64, drop_path_rate=0.2)
     assert m.pos_embed.shape == (1, 1 + 16, 192)
-    assert m.blocks[-1].drop_path1.p == pytest.approx(0.2) and m.blocks[0].drop_path1.p == 0
+    assert m.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)
+    assert isinstance(m.blocks[0].drop_path1, torch.nn.Identity)  # timm skips a zero-rate DropPath
     cfg = timm.data.resolve_data_config({}, model=timm.create_model("diffvit_nano_patch7_28"))
     assert cfg["input_size"] == (1, 28, 28) and cfg["mean"] == (0.1307,)
     assert timm.create_model("softvit_base_patch16_224", img_size=32).pretrained_cfg["num_classes"] == 1000
@@ -144,3 +148,23 @@ def test_configs_are_consistent() -> None:
     assert set(VIT_CONFIGS) == {n.split("_", 1)[1] for n in ALL}
     with pytest.raises(ValueError, match="not a diffzoo ViT"):
         matched_name("vit_small_patch16_224")
+
+
+def test_timm_vit_options_apply_to_the_differential_attention() -> None:
+    torch.manual_seed(0)
+    dyn = timm.create_model("diffvit_nano_patch7_28", dynamic_img_size=True).eval()
+    assert dyn(torch.randn(1, 1, 35, 42)).shape == (1, 10)  # 5 x 6 patches, position embedding resampled
+    torch.manual_seed(0)
+    plain = timm.create_model("diffvit_nano_patch7_28")
+    torch.manual_seed(0)
+    fixed = timm.create_model("diffvit_nano_patch7_28", fix_init=True)  # rescales attn.proj per depth
+    ratio = plain.blocks[3].attn.out_proj.weight / fixed.blocks[3].attn.out_proj.weight
+    torch.testing.assert_close(ratio, torch.full_like(ratio, 8 ** 0.5))
+    with pytest.raises(ValueError, match="qk_norm"):
+        timm.create_model("diffvit_nano_patch7_28", qk_norm=True)
+    with pytest.raises(ValueError, match="head_dim is derived"):
+        timm.create_model("diffvit_nano_patch7_28", head_dim=8)
+    with pytest.raises(ValueError, match="softmax baseline is timm's own"):
+        timm.create_model("softvit_nano_patch7_28", lambda_init=0.8)
+    v2 = timm.create_model("diffvit_nano_patch7_28", attn="diff_v2").eval()
+    assert type(v2.blocks[0].attn).__name__ == "TimmDiffAttentionV2" and v2(torch.randn(2, 1, 28, 28)).shape == (2, 10)

@@ -139,11 +139,14 @@ def low_bit_attention(
         bits: 2 or more; None runs the same backend without quantisation (the reference math).
         granularity: ``"head"`` (one absmax per batch item and query head, per branch) or ``"tensor"``.
         model: if given, its attention layers' own ``backend`` attributes are overridden too (restored
-            on exit, also after an exception); calls that pass ``backend=`` explicitly still win.
+            on exit, also after an exception), and its timm ``Attention`` layers are routed through
+            diffzoo's kernels (:func:`~diffzoo.analysis.maps.timm_attention_seam`); calls that pass
+            ``backend=`` explicitly still win.
     """
     _check(bits, granularity)
     _register()
     from ..layers import AttentionBase
+    from .maps import timm_attention_seam
 
     token = _SETTINGS.set((bits, granularity))
     saved: list[tuple[nn.Module, Any]] = []
@@ -153,7 +156,8 @@ def low_bit_attention(
                 if isinstance(m, AttentionBase):
                     saved.append((m, m.backend))
                     m.backend = BACKEND_NAME
-        with use_backend(BACKEND_NAME):
+        # timm's own attention layers (softmax ViT baselines) attend through diffzoo's kernels meanwhile
+        with use_backend(BACKEND_NAME), timm_attention_seam(model if model is not None else []):
             yield
     finally:
         for m, backend in saved:

@@ -33,6 +33,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
+from timm.layers import Attention as TimmAttention
+
+from ..kernels import attention, attention_maps
 from ..layers import Attention, AttentionBase, DiffAttention, DiffAttentionV2
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "record_attention",
     "speech_relevance",
     "speech_relevant_tokens",
+    "timm_attention_seam",
     "token_attention",
     "vit_relevance",
 ]
@@ -62,16 +66,86 @@ LayerSelection = Union[None, Sequence[Union[int, str]], Callable[[str, nn.Module
 MapsLike = Union["AttentionRecord", Sequence["LayerAttention"], Sequence[dict], dict]
 
 
+# -- timm's own attention (the softmax ViT baselines) -------------------------------------------
+def _timm_attend(module: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor, masks: dict, return_attn: bool,
+                 backend: Optional[str]) -> tuple[Tensor, Optional[dict[str, Tensor]]]:
+    """The ``_attend`` of a timm ``Attention``: softmax attention through diffzoo's kernels (same math)."""
+    p = module.attn_drop.p if module.training else 0.0
+    out = attention(q, k, v, dropout_p=p, scale=module.scale, backend=backend, **masks)
+    return out, ({"attn": attention_maps(q, k, scale=module.scale, **masks)} if return_attn else None)
+
+
+def _timm_forward(module: nn.Module) -> Callable[..., Tensor]:
+    """timm ``Attention.forward`` with its attention call routed through ``module._attend``."""
+
+    def forward(x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        B, N, _ = x.shape
+        gate = module.gate(x).sigmoid() if module.gate is not None else None
+        qkv = module.qkv(x).reshape(B, N, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = module.q_norm(q), module.k_norm(k)
+        masks = dict(attn_mask=attn_mask, key_padding_mask=None, causal=is_causal)
+        out, _ = module._attend(x, q, k, v, masks, False, None)
+        out = module.norm(out.transpose(1, 2).reshape(B, N, module.attn_dim))
+        if gate is not None:
+            out = out * gate
+        return module.proj_drop(module.proj(out))
+
+    return forward
+
+
+@contextlib.contextmanager
+def timm_attention_seam(model: Union[nn.Module, Sequence[nn.Module]]) -> Iterator[None]:
+    """Give every timm ``Attention`` of ``model`` (or of a list of layers) diffzoo's ``_attend`` seam
+    while the context is open.
+
+    Inside, such a layer computes its q, k, v as timm does and attends through :mod:`diffzoo.kernels`
+    (the ``sdpa`` backend makes timm's own ``F.scaled_dot_product_attention`` call), so recorders and
+    backends (:func:`record_attention`, ``record_outliers``, ``low_bit_attention``) treat it like a
+    diffzoo layer. Nested contexts share one seam; the layers are restored on exit.
+    """
+    layers = model.modules() if isinstance(model, nn.Module) else model
+    mods = [m for m in layers if type(m) is TimmAttention]
+    installed = []
+    try:
+        for m in mods:
+            depth = m.__dict__.get("_diffzoo_seam", 0)
+            if depth == 0:
+                m.__dict__["forward"] = _timm_forward(m)
+                m.__dict__["_attend"] = lambda *a, _m=m: _timm_attend(_m, *a)
+            m.__dict__["_diffzoo_seam"] = depth + 1
+            installed.append(m)
+        yield
+    finally:
+        for m in reversed(installed):
+            depth = m.__dict__["_diffzoo_seam"] - 1
+            if depth == 0:
+                for key in ("forward", "_attend", "_diffzoo_seam"):
+                    m.__dict__.pop(key, None)
+            else:
+                m.__dict__["_diffzoo_seam"] = depth
+
+
+def _attention_dropout(module: nn.Module) -> float:
+    p = module.attn_drop
+    return p.p if isinstance(p, nn.Dropout) else float(p)
+
+
 # -- finding and patching the attention layers --------------------------------------------------
 def attention_layers(model: nn.Module, layers: LayerSelection = None) -> list[tuple[int, str, AttentionBase]]:
     """``(index, name, module)`` of the model's attention layers (``named_modules`` order = depth order).
 
-    ``index`` counts every attention layer of the model, also when ``layers`` selects only some.
+    Attention layers are diffzoo's (:class:`~diffzoo.layers.AttentionBase`) and timm's own ``Attention``
+    (the softmax ViT baselines, see :func:`timm_attention_seam`). ``index`` counts every attention
+    layer of the model, also when ``layers`` selects only some.
     """
-    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionBase)]
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionBase) or type(m) is TimmAttention]
     found = [(i, n, m) for i, (n, m) in enumerate(mods)]
     if not found:
-        raise ValueError(f"{type(model).__name__} contains no diffzoo attention layer (diffzoo.layers.AttentionBase)")
+        raise ValueError(
+            f"{type(model).__name__} contains no attention layer diffzoo can record "
+            "(diffzoo.layers.AttentionBase or timm.layers.Attention)"
+        )
     if layers is None:
         return found
     if callable(layers):
@@ -100,6 +174,8 @@ def _wrap_attend(
     unwind in order, and nothing enters the ``state_dict``.
     """
     saved: list[tuple[AttentionBase, bool, Any]] = []
+    seam = timm_attention_seam([m for _, _, m in modules])
+    seam.__enter__()  # timm layers get an ``_attend`` to wrap; left after the wrappers are removed
     try:
         for index, name, module in modules:
             had = "_attend" in module.__dict__
@@ -112,6 +188,7 @@ def _wrap_attend(
                 module.__dict__["_attend"] = previous
             else:
                 module.__dict__.pop("_attend", None)
+        seam.__exit__(None, None, None)
 
 
 def _layer_kind(module: nn.Module, maps: dict) -> str:
@@ -278,7 +355,7 @@ def record_attention(
                 kept = {key: (t.detach()[batch] if batch is not None and t.dim() > 0 else t.detach()) for key, t in maps.items()}
             else:
                 b = slice(None) if batch is None else batch
-                fork = module.training and module.attn_drop > 0
+                fork = module.training and _attention_dropout(module) > 0
                 devices = [q.device.index] if q.device.type == "cuda" else []
                 with torch.no_grad(), torch.random.fork_rng(devices=devices, enabled=fork):
                     _, kept = inner(x[b], q[b], k[b], v[b], _slice_masks(masks, b, x.shape[0]), True, backend)

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels._masks import prepare_mask
+from timm.models.vision_transformer import Block as TimmBlock
+
 from ..layers import AttentionBase, Block, DiffAttention
 from .lowbit import attention_logits
 from .maps import LayerSelection, _wrap_attend, attention_layers
@@ -119,7 +121,7 @@ def record_outliers(
         k: top-k of the ``topk`` statistics.
         layers: which attention layers (see :data:`~diffzoo.analysis.maps.LayerSelection`).
         hidden: module names, or a predicate ``(name, module)``, whose outputs are the hidden states;
-            default every :class:`diffzoo.layers.Block`. (CausalLM's ``return_attn=True`` path unrolls
+            default every :class:`diffzoo.layers.Block` and timm ViT ``Block``. (CausalLM's ``return_attn=True`` path unrolls
             its blocks and so bypasses the hooks; record without it.)
 
     Yields:
@@ -136,7 +138,7 @@ def record_outliers(
         return _attend
 
     if hidden is None:
-        pick = lambda n, m: isinstance(m, Block)  # noqa: E731
+        pick = lambda n, m: isinstance(m, (Block, TimmBlock))  # noqa: E731
     elif callable(hidden):
         pick = hidden
     else:

@@ -1,12 +1,22 @@
 """diffzoo.models: model families composed from :mod:`diffzoo.layers`, registered with timm.
 
-Importing this package registers the ViT (``diffvit_*`` / ``softvit_*``) and speech (``diffkwt_*``,
+Importing this package registers the ViT (``diffvit_*`` / ``softvit_*``: timm's ``VisionTransformer``
+with diffzoo attention through ``attn_layer=``, see :mod:`diffzoo.models.vit`) and speech (``diffkwt_*``,
 ``diffast_*`` and their ``soft*`` baselines) models in timm's registry, and the CLIP family
 (``DiffCLIP-ViT-B-16``, ``DiffCLIPstar-*``, ``DiffCLIPdagger-*``, ``SoftCLIP-*``, ``*-nano``) as open_clip
 model configs; the causal LM lives in :mod:`diffzoo.models.lm`.
 """
 
-from .vit import VIT_CONFIGS, VisionTransformer, checkpoint_filter_fn, matched_name, model_names
+from .vit import (
+    VIT_CONFIGS,
+    TimmDiffAttention,
+    TimmDiffAttentionV2,
+    VisionTransformer,
+    checkpoint_filter_fn,
+    matched_name,
+    model_names,
+    vision_transformer,
+)
 from .clip import DiffTextTower, DiffVisionTower, DiffzooTowerCfg, clip_model_names, create_clip
 from .hf_difflama import from_hf_difflama, to_hf_difflama  # transformers is imported only when called
 from .lm import LM_PRESETS, CausalLM, LMConfig, generate, left_pad, matched_lm_pair, sample_next
@@ -32,6 +42,8 @@ __all__ = [
     "SpeechEncoderConfig",
     "SpeechFeatures",
     "SpeechTransformer",
+    "TimmDiffAttention",
+    "TimmDiffAttentionV2",
     "VIT_CONFIGS",
     "VisionTransformer",
     "checkpoint_filter_fn",
@@ -47,4 +59,5 @@ __all__ = [
     "sample_next",
     "speech_model_names",
     "to_hf_difflama",
+    "vision_transformer",
 ]

@@ -3,10 +3,10 @@
 The architecture is CLIP (Radford et al., arXiv 2103.00020) as laid out by open_clip; DiffCLIP
 (Hammoud & Ghanem, arXiv 2503.06626) replaces the softmax attention of both towers by the
 differential attention of Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258).
-Both towers are built from :class:`diffzoo.layers.Block`, so the differential math lives only in
-:mod:`diffzoo.layers`:
+The differential math of both towers lives only in :mod:`diffzoo.layers`:
 
-* image tower (:class:`DiffVisionTower`): :class:`diffzoo.models.vit.VisionTransformer` with
+* image tower (:class:`DiffVisionTower`): timm's ``VisionTransformer`` with diffzoo's attention
+  (:func:`diffzoo.models.vit.vision_transformer`; the softmax baseline keeps timm's own attention) and
   ``num_classes=0`` (class-token features after the final LayerNorm), then ``@ proj`` into the joint space;
 * text tower (:class:`DiffTextTower`): token + learned position embeddings, causal blocks, final
   LayerNorm, the features of the EOT token (the largest token id, as open_clip's ``argmax`` pooling),
@@ -51,6 +51,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from functools import partial
 import json
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -67,8 +68,10 @@ from open_clip.transform import PreprocessCfg
 from open_clip.transformer import QuickGELU
 from open_clip.utils import feature_take_indices, to_2tuple
 
+from timm.layers import LayerNorm
+
 from ..layers import Block
-from .vit import VisionTransformer
+from .vit import diff_head_layout, vision_transformer
 
 __all__ = [
     "CLIP_CONFIG_DIR",
@@ -173,7 +176,7 @@ def _same_value(a: Any, b: Any) -> bool:
 class DiffVisionTower(nn.Module):
     """Image tower: a diffzoo ViT's class-token features projected into the joint space.
 
-    ``features = VisionTransformer(num_classes=0)(image) @ proj`` with ``proj`` of shape
+    ``features = vision_transformer(num_classes=0)(image) @ proj`` (timm's ViT) with ``proj`` of shape
     ``(width, embed_dim)`` (open_clip's and DiffCLIP's layout).
 
     Args:
@@ -215,12 +218,19 @@ class DiffVisionTower(nn.Module):
         self.in_chans = in_chans
         self.output_dim = embed_dim
         self.attn_kind = cfg.attn
-        self.trunk = VisionTransformer(
+        num_heads = width // head_width
+        if cfg.head_dim is not None and cfg.head_dim != diff_head_layout(width, num_heads)[2]:
+            raise ValueError(
+                f"diffzoo.head_dim={cfg.head_dim} differs from the layout {num_heads} baseline heads give "
+                f"(head_dim={diff_head_layout(width, num_heads)[2]}); drop diffzoo.head_dim"
+            )
+        self.trunk = vision_transformer(
+            cfg.attn, lambda_init=cfg.lambda_init, backend=cfg.backend,
             img_size=self.image_size, patch_size=patch_size, in_chans=in_chans, num_classes=0, global_pool="token",
-            embed_dim=width, depth=layers, num_heads=width // head_width, attn=cfg.attn, head_dim=cfg.head_dim,
-            mlp_ratio=mlp_ratio, act_layer=cfg.act_layer(quick_gelu), qkv_bias=cfg.qkv_bias, lambda_init=cfg.lambda_init, proj_drop_rate=cfg.proj_drop,
-            attn_drop_rate=cfg.attn_drop, drop_path_rate=cfg.drop_path_rate, layer_scale_init=ls_init_value,
-            norm_eps=cfg.norm_eps, backend=cfg.backend,
+            embed_dim=width, depth=layers, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            act_layer=cfg.act_layer(quick_gelu), qkv_bias=cfg.qkv_bias, proj_drop_rate=cfg.proj_drop,
+            attn_drop_rate=cfg.attn_drop, drop_path_rate=cfg.drop_path_rate, init_values=ls_init_value,
+            norm_layer=partial(LayerNorm, eps=cfg.norm_eps),
         )
         self.proj = nn.Parameter(width ** -0.5 * torch.randn(width, embed_dim))
         self._own_preprocess = dict(cfg.preprocess_cfg or {})
@@ -329,26 +339,20 @@ class DiffVisionTower(nn.Module):
             raise ValueError(f"output_fmt={output_fmt!r}; expected 'NCHW' or 'NLC'")
         self._check_image(x)
         t = self.trunk
-        B, _, H, W = x.shape
-        take, max_index = feature_take_indices(len(t.blocks), indices)
-        blocks = t.blocks[: max_index + 1] if stop_early and intermediates_only else t.blocks
-        h = t._pos_embed(t.patch_embed(x))  # (B, 1 + N, width)
-        intermediates = []
-        for i, blk in enumerate(blocks):
-            h = blk(h)
-            if i in take:
-                intermediates.append(t.norm(h) if normalize_intermediates else h)
-        prefix = [y[:, : t.num_prefix_tokens] for y in intermediates]
-        intermediates = [y[:, t.num_prefix_tokens:] for y in intermediates]
-        if output_fmt == "NCHW":
-            gh, gw = H // self.patch_size[0], W // self.patch_size[1]
-            intermediates = [y.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
-        out: dict[str, Union[Tensor, list[Tensor]]] = {"image_intermediates": intermediates}
+        # open_clip stops early only when the final features are not wanted.
+        res = t.forward_intermediates(
+            x, indices, return_prefix_tokens=output_extra_tokens, norm=normalize_intermediates,
+            stop_early=stop_early and intermediates_only, output_fmt=output_fmt, intermediates_only=intermediates_only,
+        )
+        final, intermediates = (None, res) if intermediates_only else res
+        out: dict[str, Union[Tensor, list[Tensor]]] = {}
         if output_extra_tokens:
-            out["image_intermediates_prefix"] = prefix
-        if intermediates_only:
-            return out
-        out["image_features"] = t.forward_head(t.norm(h), pre_logits=True) @ self.proj
+            out["image_intermediates"] = [y for y, _ in intermediates]
+            out["image_intermediates_prefix"] = [p for _, p in intermediates]
+        else:
+            out["image_intermediates"] = list(intermediates)
+        if final is not None:
+            out["image_features"] = t.forward_head(final, pre_logits=True) @ self.proj
         return out
 
 

@@ -171,10 +171,14 @@ class LogMelFrontend(nn.Module):
         self.time_mask = torchaudio.transforms.TimeMasking(cfg.time_mask_param, iid_masks=True)
 
     def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        if wave.dim() == 4 and wave.shape[1:3] == (1, 1):  # timm's (B, C, H, W) batch of input_size (1, 1, T)
+            wave = wave[:, 0, 0]
         if wave.dim() == 3 and wave.shape[1] == 1:
             wave = wave[:, 0]
         if wave.dim() != 2:
-            raise ValueError(f"expected a waveform batch (B, T) or (B, 1, T), got shape {tuple(wave.shape)}")
+            raise ValueError(
+                f"expected a waveform batch (B, T), (B, 1, T) or (B, 1, 1, T), got shape {tuple(wave.shape)}"
+            )
         if wave.shape[-1] < self.cfg.n_fft:
             wave = nn.functional.pad(wave, (0, self.cfg.n_fft - wave.shape[-1]))
         total = torch.full((wave.shape[0],), wave.shape[-1], device=wave.device)
@@ -284,7 +288,7 @@ class SpeechTransformer(nn.Module):
         return x, padded.repeat_interleave(Fp, dim=1)  # (B, N, D), (B, N)
 
     def forward_features(self, wave: Tensor, lengths: Optional[Tensor] = None) -> SpeechFeatures:
-        """Waveform ``(B, T)`` (or ``(B, 1, T)``) and valid samples ``lengths (B,)`` -> :class:`SpeechFeatures`."""
+        """Waveform ``(B, T)`` (or ``(B, 1, T)``, ``(B, 1, 1, T)``) and valid samples ``lengths (B,)`` -> :class:`SpeechFeatures`."""
         x, padded = self.tokenize(wave, lengths)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
         mask = nn.functional.pad(padded, (1, 0), value=False)  # the class token is never padded
@@ -331,8 +335,16 @@ _PREFIX = {"kwt": ("diffkwt", "softkwt"), "ast": ("diffast", "softast")}
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
-    return {"url": "", "num_classes": 12, "input_size": (1, 1, 16000), "fixed_input_size": False,  # (mono, 1, 1 s at 16 kHz)
-           
+    """timm pretrained config of a speech encoder.
+
+    The input is a mono waveform at 16 kHz. timm's configs describe inputs as ``(C, H, W)``, so
+    ``input_size=(1, 1, samples)``: one channel, a single row, one second by default (any length works,
+    ``fixed_input_size=False``); :meth:`SpeechTransformer.forward` reads timm's ``(B, 1, 1, T)`` batch
+    as well as ``(B, T)``. The model normalises its log-mel features itself (``mel_mean`` /
+    ``mel_std``), so the waveform gets no normalisation outside it: mean 0, std 1.
+    """
+    return {"url": "", "num_classes": 12, "input_size": (1, 1, 16000), "fixed_input_size": False,
+            "mean": (0.0,), "std": (1.0,), "crop_pct": 1.0, "pool_size": None,
             "first_conv": "patch_embed", "classifier": "head", "license": "apache-2.0", **kwargs}
 
 

@@ -1,10 +1,15 @@
 """Differential Vision Transformers and their matched softmax baselines, registered with timm.
 
-The architecture is timm's/DeiT's ViT (Dosovitskiy et al., arXiv 2010.11929; Touvron et al., arXiv
-2012.12877) with every block built from :class:`diffzoo.layers.Block`, so the attention is either the
-differential attention of Ye et al., "Differential Transformer", ICLR 2025 (arXiv 2410.05258) or the
-standard softmax attention it is compared with. The differential math lives only in
-:mod:`diffzoo.layers`.
+Every model is timm's own :class:`timm.models.vision_transformer.VisionTransformer` (Dosovitskiy et al.,
+arXiv 2010.11929; Touvron et al., arXiv 2012.12877). The differential models pass diffzoo's attention
+into it through timm's ``attn_layer=`` argument: :class:`TimmDiffAttention` is
+:class:`diffzoo.layers.DiffAttention` (Ye et al., "Differential Transformer", ICLR 2025, arXiv
+2410.05258) behind timm's attention constructor and ``forward``, and :class:`TimmDiffAttentionV2` does
+the same for :class:`diffzoo.layers.DiffAttentionV2`. The softmax baselines are timm's ViT with timm's
+own ``Attention``, i.e. timm's ``vit_*`` at the same size. So timm's whole ViT API applies to both:
+``forward_features`` / ``forward_head``, ``forward_intermediates``, ``features_only=True``,
+``prune_intermediate_layers``, ``dynamic_img_size``, ``global_pool`` (``token``, ``avg``, ``map``, ...),
+``set_grad_checkpointing``, FX feature extraction, TorchScript and timm's checkpoint key names.
 
 After ``import diffzoo`` the models are in timm's registry::
 
@@ -13,9 +18,18 @@ After ``import diffzoo`` the models are in timm's registry::
     baseline = timm.create_model("softvit_small_patch16_224", num_classes=100, drop_path_rate=0.1)
 
 Names: ``diffvit_*`` (differential) and ``softvit_*`` (softmax baseline with identical dimensions;
-parameter counts agree within 0.5 %). ``diffvit_*`` avoids timm's existing ``vit_d*`` names.
+parameter counts agree within 0.5 %). ``diffvit_*`` avoids timm's existing ``vit_d*`` names. Extra
+keyword arguments of the registered builders: ``attn`` (``"diff"``, ``"diff_v2"`` or ``"softmax"``),
+``lambda_init`` (a constant instead of the depth schedule) and ``backend`` (diffzoo kernel backend);
+every other keyword goes to timm's ``VisionTransformer``.
 
-Weights saved as safetensors (or a Lightning checkpoint) reload through timm::
+Head layout: ``num_heads`` is always the *softmax baseline's* head count. Differential V1 turns an even
+count ``2H`` into ``H`` differential heads of the same width (``dim / 2H`` per query/key branch, value
+width ``dim / H``), so every projection has the baseline's shape; an odd count keeps its heads and halves
+their width (timm's ``DiffAttention`` convention), see :func:`diffzoo.layers.diff_heads_for_baseline`.
+
+Weights saved as safetensors (or a Lightning checkpoint) reload through timm, also those written by
+earlier diffzoo versions whose softmax layers had separate q/k/v projections (:func:`checkpoint_filter_fn`)::
 
     timm.create_model("diffvit_nano_patch7_28", pretrained=True, num_classes=10,
                       pretrained_cfg_overlay=dict(file="outputs/.../model.safetensors", num_classes=10))
@@ -23,23 +37,39 @@ Weights saved as safetensors (or a Lightning checkpoint) reload through timm::
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Literal, Optional, Union
+import re
+from functools import partial
+from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from timm.layers import PatchEmbed, resample_abs_pos_embed, trunc_normal_
+from timm.layers import Attention as TimmAttention
+from timm.layers import LayerNorm, register_notrace_module, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer import checkpoint_filter_fn as _timm_checkpoint_filter_fn
 
-from ..layers import Block
+from ..layers import DiffAttention, DiffAttentionV2, diff_heads_for_baseline, lambda_init_schedule
+from ..layers.attention import AttentionBase
 
-__all__ = ["VisionTransformer", "checkpoint_filter_fn", "VIT_CONFIGS"]
+__all__ = [
+    "TimmDiffAttention",
+    "TimmDiffAttentionV2",
+    "VIT_CONFIGS",
+    "VisionTransformer",
+    "attention_layer",
+    "checkpoint_filter_fn",
+    "diff_head_layout",
+    "set_lambda_init",
+    "vision_transformer",
+]
 
-GlobalPool = Literal["token", "avg", ""]
+AttnKind = Literal["diff", "diff_v2", "softmax"]
 
 
-def vit_init_(model: nn.Module, pos_embed: Optional[nn.Parameter], cls_token: Optional[nn.Parameter]) -> None:
+def vit_init_(model: nn.Module, pos_embed: nn.Parameter | None, cls_token: nn.Parameter | None) -> None:
     """timm's ViT init in place: truncated normal (std 0.02) for every linear and the position
     embedding, zero biases, a near-zero class token. Other parameters keep their own init."""
     if pos_embed is not None:
@@ -53,196 +83,267 @@ def vit_init_(model: nn.Module, pos_embed: Optional[nn.Parameter], cls_token: Op
                 nn.init.zeros_(m.bias)
 
 
-class VisionTransformer(nn.Module):
-    """A pre-norm ViT whose blocks use differential (``attn="diff"``) or softmax attention.
+def _fx_tracing() -> bool:
+    """True while ``torch.fx.symbolic_trace`` runs (False under ``torch.compile`` / ``torch.export``)."""
+    return torch.fx._symbolic_trace.is_fx_symbolic_tracing()
 
-    Args:
-        img_size: input resolution (square int or ``(H, W)``).
-        patch_size: patch side in pixels.
-        in_chans: input channels.
-        num_classes: classifier outputs; 0 for no classifier (``forward`` returns pooled features).
-        global_pool: ``"token"`` (class token), ``"avg"`` (mean of patch tokens) or ``""`` (no pooling).
-        embed_dim: model width ``D``.
-        depth: number of blocks.
-        num_heads: heads of the *softmax baseline*; ``attn="diff"`` converts them (``2H -> H``
-            differential heads of the same width), see :func:`diffzoo.layers.diff_heads_for_baseline`.
-        attn: ``"diff"``, ``"softmax"`` or ``"diff_v2"``.
-        head_dim: differential query/key width; required for an odd ``num_heads`` (ViT-Ti: 3 heads).
-        mlp_ratio: feed-forward hidden width relative to ``embed_dim``.
-        act_layer: activation of the feed-forward (GELU as in ViT; CLIP towers may use QuickGELU).
-        qkv_bias: bias on the q/k/v projections (on in ViT, like timm).
-        lambda_init: constant ``lambda_init``; None uses the paper's depth schedule.
-        class_token: prepend a learnable class token.
-        drop_rate: dropout before the classifier.
-        pos_drop_rate: dropout after adding position embeddings.
-        proj_drop_rate: dropout after attention and MLP projections.
-        attn_drop_rate: dropout on the attention maps.
-        drop_path_rate: stochastic depth, increased linearly over the blocks up to this value.
-        layer_scale_init: initial LayerScale value, or None for none.
-        norm_eps: LayerNorm epsilon.
-        backend: attention kernel backend (None follows :mod:`diffzoo.kernels`' selection).
+
+def _refuse_timm_only_options(qk_norm: bool, scale_norm: bool) -> None:
+    if qk_norm or scale_norm:
+        name = "qk_norm" if qk_norm else "scale_attn_norm"
+        raise ValueError(
+            f"{name}=True is a timm Attention option that diffzoo's differential attention does not implement; "
+            "leave it False (differential V1 already normalises each head's output)"
+        )
+
+
+def diff_head_layout(dim: int, num_heads: int) -> tuple[int, int, int]:
+    """Differential V1 ``(heads, kv_heads, head_dim)`` for a softmax baseline of ``num_heads`` heads.
+
+    An even count ``2H`` gives ``H`` heads of the baseline's width; an odd count keeps its heads at half
+    width (``dim // (2 * num_heads)``). Either way the projections have the baseline's shapes.
     """
+    return diff_heads_for_baseline(dim, num_heads, head_dim=None if num_heads % 2 == 0 else dim // (2 * num_heads))
+
+
+class _TimmForward:
+    """timm's attention ``forward(x, attn_mask=None, is_causal=False)`` over a diffzoo attention layer.
+
+    Eager calls go through :meth:`diffzoo.layers.AttentionBase.forward`, i.e. diffzoo's kernel backends
+    and the ``_attend`` seam of :mod:`diffzoo.analysis`. TorchScript and ``torch.fx.symbolic_trace``
+    cannot follow the backend selection (Python control flow on tensor properties), so they run
+    :meth:`_forward_graph`: the same math from ``F.scaled_dot_product_attention`` calls, equal to the
+    eager result up to floating-point rounding. timm's own FX tools (``features_only`` with
+    ``feature_cls="fx"``, ``timm.models.create_feature_extractor``) keep the layer as a leaf module and
+    so reproduce the eager output exactly.
+
+    ``attn_mask`` follows timm: bool (True = attend) or additive float, broadcastable to
+    ``(B, heads, N, N)``; give masks a head dimension of 1, since the differential layer has fewer
+    heads than the baseline's ``num_heads``.
+    """
+
+    __jit_unused_properties__ = ["proj"]
 
     def __init__(
         self,
-        img_size: Union[int, tuple[int, int]] = 224,
-        patch_size: int = 16,
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        global_pool: GlobalPool = "token",
-        embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        attn: Literal["diff", "softmax", "diff_v2"] = "diff",
-        head_dim: Optional[int] = None,
-        mlp_ratio: float = 4.0,
-        act_layer: Callable[[], nn.Module] = nn.GELU,
-        qkv_bias: bool = True,
-        lambda_init: Optional[float] = None,
-        class_token: bool = True,
-        drop_rate: float = 0.0,
-        pos_drop_rate: float = 0.0,
-        proj_drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        layer_scale_init: Optional[float] = None,
-        norm_eps: float = 1e-6,
-        backend: Optional[str] = None,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        depth: int = 0,
+        lambda_init: float | None = None,
+        backend: str | None = None,
+        device: Any = None,
+        dtype: Any = None,
     ) -> None:
-        super().__init__()
-        if global_pool not in ("token", "avg", ""):
-            raise ValueError(f"global_pool={global_pool!r}; expected 'token', 'avg' or ''")
-        if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
-        self.num_classes = num_classes
-        self.global_pool = global_pool
-        self.attn_kind = attn
-        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1 if class_token else 0
-        self.grad_checkpointing = False
+        _refuse_timm_only_options(qk_norm, scale_norm)
+        self._init_layer(
+            dim, num_heads, depth, lambda_init, qkv_bias=qkv_bias, proj_bias=proj_bias, attn_drop=attn_drop,
+            proj_drop=proj_drop, backend=backend,
+        )
+        self.baseline_heads = num_heads
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
 
-        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
-        num_patches = self.patch_embed.num_patches
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
-        self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
-        self.blocks = nn.Sequential(*[
-            Block(
-                embed_dim, num_heads, attn=attn, head_dim=head_dim if attn == "diff" else None,
-                mlp_ratio=mlp_ratio, act_layer=act_layer, depth=i, lambda_init=lambda_init, qkv_bias=qkv_bias,
-                attn_drop=attn_drop_rate, proj_drop=proj_drop_rate, drop_path=dpr[i],
-                layer_scale_init=layer_scale_init, norm_eps=norm_eps, backend=backend,
-            )
-            for i in range(depth)
-        ])
-        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.init_weights()
+    @property
+    def proj(self) -> nn.Linear:
+        """timm's name of the output projection (``VisionTransformer(fix_init=True)`` rescales it)."""
+        return self.out_proj
 
-    # -- initialisation ------------------------------------------------------------------------
-    def init_weights(self) -> None:
-        """timm's default ViT init: truncated normal (std 0.02) for linears and position embeddings.
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        """``x (B, N, dim)`` -> ``(B, N, dim)``."""
+        if torch.jit.is_scripting():
+            return self._forward_graph(x, attn_mask, is_causal)
+        if _fx_tracing():
+            return self._forward_graph(x, attn_mask, is_causal)
+        return self._forward_kernels(x, attn_mask, is_causal)
 
-        Differential-attention parameters (lambda vectors, per-head norms) keep the initialisation of
-        :mod:`diffzoo.layers`.
-        """
-        vit_init_(self, self.pos_embed, self.cls_token)
+    @torch.jit.unused
+    def _forward_kernels(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        return AttentionBase.forward(self, x, attn_mask=attn_mask, causal=is_causal)
 
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Parameter names timm's optimizer factory excludes from weight decay."""
-        return {"pos_embed", "cls_token"}
+    def reset_parameters(self) -> None:
+        """Re-draw the parameters that are not in a child ``nn.Linear`` (timm's ``init_weights`` calls
+        this after it initialised the projections)."""
+        self._reset_extra()
 
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        """Parameter groups for timm's layer-wise learning-rate decay."""
-        return dict(stem=r"^cls_token|pos_embed|patch_embed", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in the backward pass to save memory."""
-        self.grad_checkpointing = enable
+class TimmDiffAttention(_TimmForward, DiffAttention):
+    """:class:`diffzoo.layers.DiffAttention` (V1) with timm's attention constructor, for ``attn_layer=``.
 
-    # -- classifier ----------------------------------------------------------------------------
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
+    Args:
+        dim: model width.
+        num_heads: heads of the softmax baseline (converted as described in the module docstring).
+        qkv_bias, proj_bias, attn_drop, proj_drop: as timm's ``Attention``.
+        qk_norm, scale_norm: must be False (timm options diffzoo's attention does not have).
+        norm_layer: accepted for timm's signature; unused.
+        depth: 0-based block index; sets ``lambda_init`` by the paper's schedule unless
+            ``lambda_init`` is given. timm's ``Block`` does not pass it to non-timm layers, so
+            :func:`vision_transformer` sets it afterwards with :func:`set_lambda_init`.
+        lambda_init: constant ``lambda_init`` (DiffCLIP: 0.8).
+        backend: diffzoo kernel backend of this layer (None follows :mod:`diffzoo.kernels`).
+    """
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[GlobalPool] = None) -> None:
-        """Replace the classifier by a fresh one with ``num_classes`` outputs (0 removes it)."""
-        self.num_classes = num_classes
-        if global_pool is not None:
-            if global_pool not in ("token", "avg", ""):
-                raise ValueError(f"global_pool={global_pool!r}; expected 'token', 'avg' or ''")
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("global_pool='token' needs a class token")
-            self.global_pool = global_pool
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
-            trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+    def _init_layer(self, dim: int, num_heads: int, depth: int, lambda_init: float | None, **kwargs: Any) -> None:
+        heads, kv_heads, head_dim = diff_head_layout(dim, num_heads)
+        DiffAttention.__init__(self, dim, heads, kv_heads, head_dim, lambda_init=lambda_init, depth=depth, **kwargs)
 
-    # -- forward -------------------------------------------------------------------------------
-    def _pos_embed(self, x: Tensor) -> Tensor:
-        """``(B, N, D)`` patch tokens -> ``(B, prefix + N, D)`` with class token and positions."""
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + self.pos_embed)
+    def _reset_extra(self) -> None:
+        self.reset_lambda()
+        nn.init.ones_(self.sub_norm.weight)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """``(B, C, H, W)`` images -> ``(B, prefix + N, D)`` normalised tokens."""
-        x = self._pos_embed(self.patch_embed(x))  # (B, 1 + N, D)
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            for blk in self.blocks:
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+    def _forward_graph(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        B, N, _ = x.shape
+        H, d = self.num_heads, self.head_dim
+        q = self.q_proj(x).view(B, N, 2 * H, d).transpose(1, 2)  # heads (2i, 2i+1) = (q1, q2) of head i
+        k = self.k_proj(x).view(B, N, 2 * H, d).transpose(1, 2)
+        v = self.v_proj(x).view(B, N, H, 2 * d).transpose(1, 2).repeat_interleave(2, dim=1)  # (B, 2H, N, 2d)
+        p = self.attn_drop if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal)
+        lam = self.lambda_full().to(a.dtype)
+        o = a[:, 0::2] - lam * a[:, 1::2]  # (B, H, N, 2d)
+        o = self.sub_norm(o) * (1.0 - self.lambda_init)
+        return self.proj_drop(self.out_proj(o.transpose(1, 2).reshape(B, N, H * 2 * d)))
+
+
+class TimmDiffAttentionV2(_TimmForward, DiffAttentionV2):
+    """:class:`diffzoo.layers.DiffAttentionV2` with timm's attention constructor, for ``attn_layer=``.
+
+    ``num_heads`` (the baseline's) is V2's output head count; ``2 * num_heads`` query heads are
+    computed. Arguments as :class:`TimmDiffAttention`; ``depth`` is unused and ``lambda_init`` must
+    stay None (V2 predicts lambda per token).
+    """
+
+    def _init_layer(self, dim: int, num_heads: int, depth: int, lambda_init: float | None, **kwargs: Any) -> None:
+        if lambda_init is not None:
+            raise ValueError("lambda_init does not apply to attn='diff_v2' (V2 predicts lambda per token)")
+        DiffAttentionV2.__init__(self, dim, num_heads, **kwargs)
+
+    def _reset_extra(self) -> None:
+        pass  # lambda_proj is an nn.Linear: timm's init covers it
+
+    def _forward_graph(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        B, N, _ = x.shape
+        H, d = self.num_heads, self.head_dim
+        q = self.q_proj(x).view(B, N, 2 * H, d).transpose(1, 2)  # query pairs (2i, 2i+1) share kv head i
+        k = self.k_proj(x).view(B, N, H, d).transpose(1, 2).repeat_interleave(2, dim=1)
+        v = self.v_proj(x).view(B, N, H, d).transpose(1, 2).repeat_interleave(2, dim=1)
+        p = self.attn_drop if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal)
+        lam = torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        o = (a[:, 0::2].float() - lam * a[:, 1::2].float()).to(a.dtype)  # (B, H, N, d)
+        return self.proj_drop(self.out_proj(o.transpose(1, 2).reshape(B, N, H * d)))
+
+
+# timm's FX tools keep these layers whole, so traced models call the eager kernels (identical outputs).
+register_notrace_module(TimmDiffAttention)
+register_notrace_module(TimmDiffAttentionV2)
+
+_ATTN_LAYERS: dict[str, type[nn.Module]] = {
+    "diff": TimmDiffAttention, "diff_v2": TimmDiffAttentionV2, "softmax": TimmAttention,
+}
+
+
+def attention_layer(attn: AttnKind) -> type[nn.Module]:
+    """The ``attn_layer`` class for timm's ViT: ``"diff"``, ``"diff_v2"`` or ``"softmax"`` (timm's own)."""
+    if attn not in _ATTN_LAYERS:
+        raise ValueError(f"attn={attn!r}; expected one of {sorted(_ATTN_LAYERS)}")
+    return _ATTN_LAYERS[attn]
+
+
+_BLOCK_ATTN = re.compile(r"(?:^|\.)blocks\.(\d+)\.attn$")
+
+
+def set_lambda_init(model: nn.Module, lambda_init: float | None = None) -> int:
+    """Set every differential V1 layer's ``lambda_init``: the constant, or the depth schedule by block index.
+
+    The block index comes from the module name (``blocks.<i>.attn``, also inside timm's feature
+    wrappers); layers elsewhere count in model order. Returns the number of layers set.
+    """
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, TimmDiffAttention)]
+    for order, (name, m) in enumerate(layers):
+        match = _BLOCK_ATTN.search(name)
+        m.depth = int(match.group(1)) if match else order
+        m.lambda_init = lambda_init_schedule(m.depth) if lambda_init is None else float(lambda_init)
+    return len(layers)
+
+
+def vision_transformer(
+    attn: AttnKind = "diff", *, lambda_init: float | None = None, backend: str | None = None, **kwargs: Any
+) -> VisionTransformer:
+    """timm's ``VisionTransformer`` with diffzoo attention (``attn="diff"``/``"diff_v2"``) or timm's own.
+
+    Args:
+        attn: ``"diff"`` (V1), ``"diff_v2"`` or ``"softmax"`` (timm's ``Attention``: timm's ViT as is).
+        lambda_init: constant ``lambda_init`` of V1 layers; None uses the depth schedule.
+        backend: diffzoo kernel backend of the differential layers.
+        kwargs: timm ``VisionTransformer`` arguments (``num_heads`` is the baseline's head count).
+    """
+    layer = attention_layer(attn)
+    if attn == "softmax" and (lambda_init is not None or backend is not None):
+        raise ValueError(
+            "lambda_init and backend configure differential attention; the softmax baseline is timm's own "
+            "Attention (drop them, or use attn='diff')"
+        )
+    if attn == "diff_v2" and lambda_init is not None:
+        raise ValueError("lambda_init does not apply to attn='diff_v2' (V2 predicts lambda per token)")
+    model = VisionTransformer(attn_layer=layer, **kwargs)
+    if attn != "softmax":
+        set_lambda_init(model, lambda_init)
+        for m in model.modules():
+            if isinstance(m, _TimmForward):
+                m.backend = backend
+    return model
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+_OLD_SOFTMAX = re.compile(r"^(.*\.attn)\.(q_proj|k_proj|v_proj|out_proj)\.(weight|bias)$")
+
+
+def _fuse_old_softmax_attention(state_dict: dict[str, Tensor], own: set[str]) -> dict[str, Tensor]:
+    """Earlier diffzoo softmax layers kept q/k/v/out projections apart; timm fuses q/k/v into ``qkv``."""
+    out: dict[str, Tensor] = {}
+    parts: dict[tuple[str, str], dict[str, Tensor]] = {}
+    for key, value in state_dict.items():
+        m = _OLD_SOFTMAX.match(key)
+        if m is None or f"{m.group(1)}.qkv.weight" not in own:
+            out[key] = value
+            continue
+        prefix, proj, kind = m.groups()
+        if proj == "out_proj":
+            out[f"{prefix}.proj.{kind}"] = value
         else:
-            x = self.blocks(x)
-        return self.norm(x)
-
-    def pool(self, x: Tensor) -> Tensor:
-        """``(B, prefix + N, D)`` -> ``(B, D)`` (or unchanged when ``global_pool=""``)."""
-        if self.global_pool == "token":
-            return x[:, 0]
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens:].mean(dim=1)
-        return x
-
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """``(B, prefix + N, D)`` tokens -> ``(B, num_classes)`` logits (or pooled ``(B, D)`` features)."""
-        x = self.head_drop(self.pool(x))
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """``(B, C, H, W)`` images -> ``(B, num_classes)`` logits."""
-        return self.forward_head(self.forward_features(x))
+            parts.setdefault((prefix, kind), {})[proj] = value
+    for (prefix, kind), qkv in parts.items():
+        missing = {"q_proj", "k_proj", "v_proj"} - set(qkv)
+        if missing:
+            raise ValueError(f"the checkpoint has {sorted(qkv)} of {prefix} but not {sorted(missing)}")
+        out[f"{prefix}.qkv.{kind}"] = torch.cat([qkv["q_proj"], qkv["k_proj"], qkv["v_proj"]], dim=0)
+    return out
 
 
-def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer) -> dict[str, Tensor]:
-    """Adapt a saved state dict to ``model``: unwrap Lightning checkpoints, resample position embeddings.
+def checkpoint_filter_fn(state_dict: dict[str, Any], model: VisionTransformer) -> dict[str, Tensor]:
+    """Adapt a saved state dict to ``model``.
 
     Accepts a plain ``state_dict`` (safetensors or ``torch.save``), a dict with ``"state_dict"`` /
     ``"model"``, or a Lightning checkpoint of :class:`diffzoo.tasks.ImageClassificationTask` (keys under
-    ``model.``; the ``ema.`` copy is dropped).
+    ``model.``; the ``ema.`` copy is dropped). Softmax layers saved by earlier diffzoo versions
+    (``attn.{q,k,v,out}_proj``) become timm's ``attn.qkv`` / ``attn.proj``; then timm's own filter
+    resamples position and patch embeddings and converts timm-known foreign layouts.
     """
     state_dict = state_dict.get("state_dict", state_dict.get("model", state_dict))
     if any(k.startswith("model.") for k in state_dict):
         state_dict = {k[len("model."):]: v for k, v in state_dict.items() if k.startswith("model.")}
-    out = {}
-    for k, v in state_dict.items():
-        if k == "pos_embed" and v.shape != model.pos_embed.shape:
-            old = int(math.sqrt(v.shape[1] - model.num_prefix_tokens))
-            v = resample_abs_pos_embed(
-                v, new_size=list(model.patch_embed.grid_size), old_size=[old, old],
-                num_prefix_tokens=model.num_prefix_tokens,
-            )
-        out[k] = v
-    return out
+    state_dict = _fuse_old_softmax_attention(dict(state_dict), set(model.state_dict()))
+    return _timm_checkpoint_filter_fn(state_dict, model)
 
 
+# -- registry ---------------------------------------------------------------------------------------
 def _cfg(**kwargs: Any) -> dict[str, Any]:
     """timm pretrained config: preprocessing of ImageNet-1k models (DeiT's mean/std, bicubic)."""
     return {
@@ -266,16 +367,16 @@ _MNIST = dict(num_classes=10, input_size=(1, 28, 28), crop_pct=1.0, interpolatio
 _CIFAR = dict(num_classes=10, input_size=(3, 32, 32), crop_pct=1.0, interpolation="bilinear",
               mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435, 0.2616))
 
-# Architecture of every registered size; the ``diffvit_`` and ``softvit_`` models differ only in ``attn``.
+# Architecture of every registered size (timm ``VisionTransformer`` arguments); ``diffvit_`` and
+# ``softvit_`` differ only in the attention layer.
 VIT_CONFIGS: dict[str, dict[str, Any]] = {
     # The embedded default (28x28 grey digits): 16 patches + class token, about 0.3 M parameters,
     # small enough to train in a few minutes on 2 CPU cores.
     "nano_patch7_28": dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=96, depth=4,
                            num_heads=4, mlp_ratio=2.0),
     # CIFAR-sized inputs with ViT-Ti dimensions (3 baseline heads -> 3 half-width differential heads).
-    "tiny_patch4_32": dict(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=12, num_heads=3,
-                           head_dim=32),
-    "tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, head_dim=32),
+    "tiny_patch4_32": dict(img_size=32, patch_size=4, num_classes=10, embed_dim=192, depth=12, num_heads=3),
+    "tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
 }
@@ -292,15 +393,28 @@ default_cfgs = generate_default_cfgs(
     {f"{prefix}_{size}": cfg for size, cfg in _PRETRAINED.items() for prefix in ("diffvit", "softvit")}
 )
 
+# Argument names of earlier diffzoo ViTs, mapped onto timm's.
+_RENAMED = {"layer_scale_init": "init_values"}
+
 
 def _create(variant: str, pretrained: bool, **kwargs: Any) -> VisionTransformer:
     prefix, size = variant.split("_", 1)
-    arch = dict(VIT_CONFIGS[size], attn="diff" if prefix == "diffvit" else "softmax")
-    if arch["attn"] == "softmax":
-        arch.pop("head_dim", None)
-    arch.update(kwargs)
+    kwargs.setdefault("attn", "diff" if prefix == "diffvit" else "softmax")
+    if "head_dim" in kwargs:
+        raise ValueError(
+            "head_dim is derived from num_heads (the softmax baseline's heads); pass num_heads and embed_dim instead"
+        )
+    for old, new in _RENAMED.items():
+        if old in kwargs:
+            kwargs[new] = kwargs.pop(old)
+    if "norm_eps" in kwargs:
+        kwargs["norm_layer"] = partial(LayerNorm, eps=kwargs.pop("norm_eps"))
+    out_indices = kwargs.pop("out_indices", 3)
+    arch = {**VIT_CONFIGS[size], **kwargs}
+    # features_only=True wraps the model as timm's vit_* are wrapped: FeatureGetterNet over forward_intermediates
     return build_model_with_cfg(
-        VisionTransformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **arch
+        vision_transformer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"), **arch,
     )
 
 
@@ -350,23 +464,23 @@ def softvit_tiny_patch4_32(pretrained: bool = False, **kwargs: Any) -> VisionTra
 
 @register_model
 def softvit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Softmax ViT-Ti/16 (DeiT-Ti dimensions), baseline of :func:`diffvit_tiny_patch16_224`."""
+    """Softmax ViT-Ti/16 (timm's ``vit_tiny_patch16_224``), baseline of :func:`diffvit_tiny_patch16_224`."""
     return _create("softvit_tiny_patch16_224", pretrained, **kwargs)
 
 
 @register_model
 def softvit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Softmax ViT-S/16 (DeiT-S dimensions), baseline of :func:`diffvit_small_patch16_224`."""
+    """Softmax ViT-S/16 (timm's ``vit_small_patch16_224``), baseline of :func:`diffvit_small_patch16_224`."""
     return _create("softvit_small_patch16_224", pretrained, **kwargs)
 
 
 @register_model
 def softvit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-    """Softmax ViT-B/16 (DeiT-B dimensions), baseline of :func:`diffvit_base_patch16_224`."""
+    """Softmax ViT-B/16 (timm's ``vit_base_patch16_224``), baseline of :func:`diffvit_base_patch16_224`."""
     return _create("softvit_base_patch16_224", pretrained, **kwargs)
 
 
-def model_names(prefix: Optional[str] = None) -> list[str]:
+def model_names(prefix: str | None = None) -> list[str]:
     """Registered diffzoo ViT names, optionally only ``"diffvit"`` or ``"softvit"``."""
     prefixes = (prefix,) if prefix else ("diffvit", "softvit")
     return [f"{p}_{size}" for p in prefixes for size in VIT_CONFIGS]
@@ -378,4 +492,3 @@ def matched_name(name: str) -> str:
     if size not in VIT_CONFIGS or prefix not in ("diffvit", "softvit"):
         raise ValueError(f"{name!r} is not a diffzoo ViT; expected one of {model_names()}")
     return f"{'softvit' if prefix == 'diffvit' else 'diffvit'}_{size}"
-
