@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.utils.data import IterableDataset
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.fabric.loggers.logger import rank_zero_experiment
@@ -56,7 +57,8 @@ class RestoresRNG:
 def replays_on_resume(loader: Any) -> bool:
     """Whether resuming ``loader`` mid-epoch reads the already-trained batches again (an iterable data set,
     or DataLoader workers) instead of skipping their indices."""
-    return getattr(loader, "batch_sampler", None) is None or getattr(loader, "num_workers", 0) > 0
+    return (getattr(loader, "batch_sampler", None) is None or isinstance(getattr(loader, "dataset", None), IterableDataset)
+            or getattr(loader, "num_workers", 0) > 0)
 
 
 class ResumableLoader:
@@ -126,6 +128,11 @@ class ResumableLoader:
             pending = None  # saved at the end of its epoch: the next one starts from its beginning
         if pending is not None:
             set_rng_state(pending["epoch_rng"])  # samplers and worker seeds drawn as originally
+            # Epoch hooks set these only after the resumed iterator is made (or not at all mid-epoch).
+            iterable = self.dataset if isinstance(self.dataset, IterableDataset) else None
+            for obj in {id(o): o for o in (self.sampler, getattr(self.batch_sampler, "sampler", None), iterable)}.values():
+                if callable(getattr(obj, "set_epoch", None)):
+                    obj.set_epoch(epoch)
         self._epoch, self._epoch_rng, self._before = epoch, rng_state(), {}
         skip = pending["batches"] if pending is not None else 0
         it = iter(self.loader)
@@ -140,9 +147,12 @@ class ResumableLoader:
 
     def _batches(self, it: Iterator[Any], index: int, skip: int, pending: dict[str, Any] | None) -> Iterator[Any]:
         while True:
+            drawn_ahead = False
             if pending is not None and index == skip:
-                if pending.get("next_rng") is not None:
-                    set_rng_state(pending["next_rng"])
+                # Drawn before the checkpoint (the loader was read ahead): repeat that draw, then go on from the
+                # checkpoint's RNG state. Drawn after it: draw it from the checkpoint's state.
+                drawn_ahead = pending.get("next_rng") is not None
+                set_rng_state(pending["next_rng"] if drawn_ahead else pending["rng"])
             self._before[index] = rng_state()
             self._before.pop(index - self._KEEP, None)
             try:
@@ -153,7 +163,8 @@ class ResumableLoader:
                 index += 1
                 continue
             if pending is not None:
-                set_rng_state(pending["rng"])  # where the checkpoint left the RNG: the run goes on from here
+                if drawn_ahead:
+                    set_rng_state(pending["rng"])
                 pending = None
             yield batch
             index += 1
