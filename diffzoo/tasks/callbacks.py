@@ -178,9 +178,10 @@ class InterruptCheckpoint(Checkpoint):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()  # after Lightning's own SIGTERM handler, which would end the run without a checkpoint
         fit_loop = trainer.fit_loop
-        if self._loader is not None and getattr(fit_loop, "_combined_loader_states_to_load", None):
+        if self._loader is not None and any(getattr(fit_loop, "_combined_loader_states_to_load", None) or ()):
             # The loader was made (for ``estimated_stepping_batches``) before the loop states were restored, so
-            # Lightning did not hand it its saved position: do it now and start the epoch's iterator again.
+            # Lightning did not hand it its saved position: do it now and start the epoch's iterator again
+            # (only for a position inside an epoch: every new iterator takes a seed from the global RNG).
             fit_loop._load_combined_loader_states()
             iter(fit_loop._data_fetcher)
 

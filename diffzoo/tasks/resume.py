@@ -122,6 +122,11 @@ class ResumableLoader:
         self._pending = dict(state_dict) if state_dict else None
 
     def __iter__(self) -> Iterator[Any]:
+        # Nothing happens before the first batch is asked for: Lightning also calls ``iter`` only to check
+        # that the loader is iterable, and each DataLoader iterator takes a seed from the global RNG.
+        yield from self._iterate()
+
+    def _iterate(self) -> Iterator[Any]:
         epoch, _ = self.position()
         pending, self._pending = self._pending, None
         if pending is not None and pending["epoch"] != epoch:
