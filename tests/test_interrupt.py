@@ -131,19 +131,11 @@ def test_shards_resume_mid_epoch_by_reading_again(tmp_path: Path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     make_shards(tmp_path / "train", n_shards=2, per_shard=12)
     make_shards(tmp_path / "val", n_shards=1, per_shard=6)
-    data = f"""data:
-  class_path: diffzoo.data.ShardDataModule
-  init_args:
-    train_shards: {tmp_path}/train/shard-{{000..001}}.tar
-    val_shards: {tmp_path}/val/shard-000.tar
-    num_classes: 3
-    train_samples: 24
-    img_size: 16
-    batch_size: 6
-    num_workers: 0
-    shuffle_buffer: 8
-    auto_augment: null
-    re_prob: 0.5"""
+    init = {"train_shards": f"{tmp_path}/train/shard-{{000..001}}.tar", "val_shards": f"{tmp_path}/val/shard-000.tar",
+            "num_classes": 3, "train_samples": 24, "img_size": 16, "batch_size": 6, "num_workers": 0,
+            "shuffle_buffer": 8, "auto_augment": "null", "re_prob": 0.5}  # random erasing draws from the global RNG
+    data = "data:\n  class_path: diffzoo.data.ShardDataModule\n  init_args:\n" + "".join(
+        f"    {k}: {v}\n" for k, v in init.items())
     cfg = _write_config(tmp_path / "c.yaml", data)
     args = ["fit", "--config", str(cfg), "--trainer.max_epochs", "1"]
     straight = cli_main(args)
