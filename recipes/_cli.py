@@ -1,16 +1,22 @@
-"""What every recipe's entry point shares: default subcommand and config, CSV logs under ``outputs/``."""
+"""What every recipe's entry point shares: default subcommand and config, CSV logs under ``outputs/`` (a fresh
+folder per run; resuming from a run's checkpoint continues that run's folder), a resumable checkpoint on Ctrl-C."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from diffzoo.tasks.callbacks import InterruptCheckpoint
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -62,6 +68,92 @@ def one_line_errors(prog: str) -> Iterator[None]:
         raise SystemExit(f"{prog}: error: {e}") from None
 
 
+_CSV_LOGGERS = ("lightning.pytorch.loggers.CSVLogger", "lightning.pytorch.loggers.csv_logs.CSVLogger")
+_RUN_FILES = ("config.yaml", "hparams.yaml", "metrics.csv")
+
+
+def command_without_ckpt_path(command: list[str]) -> list[str]:
+    """``command`` with any ``--ckpt_path VALUE`` / ``--ckpt_path=VALUE`` removed."""
+    out, skip = [], False
+    for a in command:
+        if skip:
+            skip = False
+        elif a == "--ckpt_path":
+            skip = True
+        elif not a.startswith("--ckpt_path="):
+            out.append(a)
+    return out
+
+
+def run_command(args: Optional[list[str]], cli_class: type) -> list[str]:
+    """The command line that started this run (``args`` given: the equivalent ``python -m recipes.X ...``)."""
+    if args is None:
+        return list(sys.orig_argv)
+    module = cli_class.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec is not None else module
+    return [sys.executable, "-m", module, *args]
+
+
+def run_folder_of(ckpt_path: Optional[str]) -> Optional[Path]:
+    """The run folder holding ``ckpt_path`` (``<run>/checkpoints/x.ckpt`` next to the run's logs), else None."""
+    if not ckpt_path:
+        return None
+    path = Path(ckpt_path)
+    run = path.parent.parent
+    if path.parent.name == "checkpoints" and path.is_file() and any((run / f).is_file() for f in _RUN_FILES):
+        return run
+    return None
+
+
+def reserve_version(root: Path) -> int:
+    """Create and return the next free ``root/version_N`` (atomically: concurrent runs never share one)."""
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [int(m.group(1)) for p in root.iterdir() if (m := re.fullmatch(r"version_(\d+)", p.name))]
+    n = max(taken, default=-1) + 1
+    while True:
+        try:
+            (root / f"version_{n}").mkdir()
+            return n
+        except FileExistsError:
+            n += 1
+
+
+class RunFolders:
+    """LightningCLI mixin: every run logs into a folder of its own; ``fit --ckpt_path`` with a checkpoint of a
+    run folder continues that folder (metrics appended to its ``metrics.csv``, config saved beside the first)."""
+
+    def before_instantiate_classes(self) -> None:
+        super().before_instantiate_classes()  # type: ignore[misc]
+        cfg = self.config[self.subcommand] if self.subcommand else self.config  # type: ignore[attr-defined]
+        logger = cfg.get("trainer", {}).get("logger")
+        init = getattr(logger, "init_args", None) if isinstance(logger, Namespace) else None
+        if init is None or not all(hasattr(init, k) for k in ("save_dir", "name", "version")):
+            return
+        run = run_folder_of(cfg.get("ckpt_path")) if self.subcommand == "fit" else None  # type: ignore[attr-defined]
+        if run is not None:
+            init.save_dir, init.name, init.version = str(run.parent.parent), run.parent.name, run.name
+            if logger.class_path in _CSV_LOGGERS:
+                logger.class_path = "diffzoo.tasks.resume.AppendingCSVLogger"
+            if (run / "config.yaml").exists():
+                n = 1
+                while (run / f"config-resume{n}.yaml").exists():
+                    n += 1
+                self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"config-resume{n}.yaml"}
+        elif init.version is None:
+            if rank_zero_only.rank == 0:  # other ranks log nothing; rank 0's folder is broadcast to them
+                init.version = reserve_version(Path(init.save_dir, init.name or ""))
+        else:
+            version = init.version if isinstance(init.version, str) else f"version_{init.version}"
+            folder = Path(init.save_dir, init.name or "", version)
+            if any((folder / f).exists() for f in _RUN_FILES):
+                raise ValueError(
+                    f"{folder} already holds a run: leave --trainer.logger.init_args.version unset for a fresh "
+                    f"folder, or continue that run with --ckpt_path {folder / 'checkpoints' / 'last.ckpt'}"
+                )
+
+
 def launch(
     cli_class: type[LightningCLI],
     model_class: type,
@@ -81,11 +173,13 @@ def launch(
         with one_line_errors(f"python -m recipes.{name}"):
             return launch(cli_class, model_class, datamodule_class, name=name, default_config=default_config,
                           args=sys.argv[1:], run=run, **cli_kwargs)
+    command = command_without_ckpt_path(run_command(args, cli_class))
     args = with_defaults(args, default_config)
-    if not issubclass(cli_class, ChecksCkptPath):
-        cli_class = type(cli_class.__name__, (ChecksCkptPath, cli_class), {"__doc__": cli_class.__doc__})
     # the command line is passed on as ``args`` (with the defaults added), which Lightning warns about
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    # --ckpt_path checked safely as soon as it is parsed; one run folder per run (resume continues its folder)
+    cli_class = type(cli_class.__name__, (ChecksCkptPath, RunFolders, cli_class),
+                     {"__module__": cli_class.__module__, "__doc__": cli_class.__doc__})
     return cli_class(
         model_class,
         datamodule_class,
@@ -97,7 +191,7 @@ def launch(
                 "class_path": "lightning.pytorch.loggers.CSVLogger",
                 "init_args": {"save_dir": "outputs", "name": name},
             },
+            "callbacks": [InterruptCheckpoint(resume_command=command)],
         },
-        save_config_kwargs={"overwrite": True},
         **cli_kwargs,
     )
