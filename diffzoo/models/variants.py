@@ -54,8 +54,8 @@ def _base_heads(size: str, **kwargs: Any) -> tuple[int, int]:
     """``(num_heads, embed_dim)`` of the softmax ViT of ``size`` (read from a built model)."""
     import timm
 
-    attn = timm.create_model(f"softvit_{size}", **kwargs).blocks[0].attn
-    return int(attn.num_heads), int(attn.dim if hasattr(attn, "dim") else attn.q_proj.in_features)
+    model = timm.create_model(f"softvit_{size}", **kwargs)  # timm's ViT with timm's Attention
+    return int(model.blocks[0].attn.num_heads), int(model.embed_dim)
 
 
 def vit_create_args(variant: str | Variant, size: str = "nano_patch7_28", **kwargs: Any) -> tuple[str, dict[str, Any]]:
