@@ -33,7 +33,9 @@ from .registry import (
     use_backend,
 )
 from ._masks import as_lambda, check_dropout_p
-from .reference import attention_maps, diff_attention_maps
+from .blockwise import diff_attention_blockwise
+from .reference import attention_maps, attention_reference, diff_attention_maps, diff_attention_reference
+from .sdpa import attention_sdpa, diff_attention_sdpa
 
 __all__ = [
     "Backend",
@@ -151,9 +153,15 @@ def _sdpa_unsupported(call: Call) -> Optional[str]:
     return None
 
 
-register_backend("diff", Backend("reference", _load("reference", "diff_attention_reference")))
-register_backend("diff", Backend("sdpa", _load("sdpa", "diff_attention_sdpa"), unsupported=_sdpa_unsupported))
-register_backend("diff", Backend("blockwise", _load("blockwise", "diff_attention_blockwise")))
+def _loaded(fn):
+    # The plain-PyTorch backends are imported with the package: an import at call time would be a
+    # graph break under torch.compile. Only the Triton backend loads on first use.
+    return lambda: fn
+
+
+register_backend("diff", Backend("reference", _loaded(diff_attention_reference)))
+register_backend("diff", Backend("sdpa", _loaded(diff_attention_sdpa), unsupported=_sdpa_unsupported))
+register_backend("diff", Backend("blockwise", _loaded(diff_attention_blockwise)))
 register_backend(
     "diff",
     Backend(
@@ -163,5 +171,5 @@ register_backend(
         unsupported=_triton_unsupported,
     ),
 )
-register_backend("softmax", Backend("reference", _load("reference", "attention_reference")))
-register_backend("softmax", Backend("sdpa", _load("sdpa", "attention_sdpa")))
+register_backend("softmax", Backend("reference", _loaded(attention_reference)))
+register_backend("softmax", Backend("sdpa", _loaded(attention_sdpa)))
