@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from torch.fx._symbolic_trace import is_fx_tracing as _is_fx_tracing
+try:
+    from torch.fx._symbolic_trace import is_fx_symbolic_tracing as _symbolic
+except ImportError:  # older torch: this flag also covers torch.export, where skipping checks is harmless
+    from torch.fx._symbolic_trace import is_fx_tracing as _symbolic
 
 
 def is_fx_tracing() -> bool:
-    """True inside ``torch.fx.symbolic_trace``: value checks on shapes must be skipped there.
+    """True inside ``torch.fx.symbolic_trace``: checks on shapes and types must be skipped there.
 
-    ``torch.compile`` and ``torch.export`` see real (fake) shapes, so the checks stay in force for them.
+    ``torch.compile`` and ``torch.export`` see real (fake) tensors, so the checks stay in force for them.
     """
-    return _is_fx_tracing()
+    return _symbolic()

@@ -77,6 +77,15 @@ class AttentionBase(nn.Module):
             raise ValueError(f"RotaryEmbedding(dim={rope.dim}) does not match head_dim={head_dim}")
         self.rope = rope
 
+    def __prepare_scriptable__(self) -> "AttentionBase":
+        # torch.jit.script calls this on every submodule before compiling: fail here, with the reason,
+        # rather than deep inside TorchScript's compiler (or, behind a caller that catches it, silently).
+        raise RuntimeError(
+            f"{type(self).__name__} cannot be compiled with torch.jit.script: diffzoo chooses the attention "
+            "kernel in Python at call time (diffzoo.kernels backends), which TorchScript cannot express; "
+            "use torch.compile(model) or torch.export.export(model, args) instead"
+        )
+
     # -- helpers -------------------------------------------------------------------------------
     def make_kv_cache(
         self, batch_size: int, max_seq_len: int, dtype: Optional[torch.dtype] = None, device: Any = None

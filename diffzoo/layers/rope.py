@@ -43,9 +43,7 @@ class RotaryEmbedding(nn.Module):
         if positions is None:
             positions = torch.arange(N, device=x.device)
         freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # (N, dim/2) or (B, N, dim/2)
-        cos, sin = freqs.cos(), freqs.sin()
-        if cos.dim() == 3:
-            cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        cos, sin = freqs.cos().unsqueeze(-3), freqs.sin().unsqueeze(-3)  # a heads axis to broadcast over
         x1, x2 = x.float().chunk(2, dim=-1)
         out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         return out.to(x.dtype)
