@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import open_clip
 import pytest
@@ -250,7 +254,7 @@ def test_export_lm_matches_eager_with_a_dynamic_length() -> None:
 
 
 # -- torch.fx --------------------------------------------------------------------------------------
-NO_ATTN_ARGS = dict(key_padding_mask=None, attn_mask=None, causal=None, positions=None, kv_cache=None)
+NO_ATTN_ARGS = dict(key_padding_mask=None, attn_mask=None, causal=None, positions=None, kv_cache=None, backend=None)
 
 
 @pytest.mark.parametrize(
@@ -302,3 +306,23 @@ def test_rope_rotates_by_fp32_angles_at_any_position() -> None:
     assert torch.allclose(rope(x, positions).double(), expected, atol=1e-5)
     batched = rope(x, positions.expand(1, 3))  # (B, N) positions give the same rotation
     assert torch.equal(batched, rope(x, positions))
+
+
+# -- the Triton backend (the default on CUDA) ------------------------------------------------------
+_TRITON_PROBE = """
+import torch, torch._dynamo
+from diffzoo.layers import DiffAttention
+layer = DiffAttention(32, 2, backend="triton")
+explanation = torch._dynamo.explain(layer)(torch.randn(2, 5, 32))
+print("BREAKS", explanation.graph_break_count)
+"""
+
+
+def test_triton_backend_has_no_graph_breaks() -> None:
+    """Traced in Triton's CPU interpreter (it must be switched on before triton's first import)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, "-c", _TRITON_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "BREAKS 0" in result.stdout, result.stdout + result.stderr[-2000:]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .registry import (
+    _REGISTRY,
     Backend,
     Call,
     available_backends,
@@ -131,12 +132,18 @@ def _load(module: str, name: str):
     return load
 
 
+# Looked up once: installed packages do not change while the process runs, and a look-up at call time
+# would end the graph under torch.compile.
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+_HAS_TRITON_KERNEL = importlib.util.find_spec(f"{__name__}.triton_diff") is not None
+
+
 def _triton_unavailable() -> Optional[str]:
-    if importlib.util.find_spec("triton") is None:
+    if not _HAS_TRITON:
         return "triton is not installed (pip install triton)"
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
         return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
-    if importlib.util.find_spec(f"{__name__}.triton_diff") is None:
+    if not _HAS_TRITON_KERNEL:
         return "the fused Triton kernel is not part of this build"
     return None
 
@@ -171,5 +178,12 @@ register_backend(
         unsupported=_triton_unsupported,
     ),
 )
+if _triton_unavailable() is None:
+    # Triton can run here: load the kernel now, as an import on first use inside a torch.compile'd
+    # region would end the graph (a failed import is raised again at the first call).
+    try:
+        _REGISTRY["diff"]["triton"].fn()
+    except Exception:  # noqa: BLE001
+        pass
 register_backend("softmax", Backend("reference", _loaded(attention_reference)))
 register_backend("softmax", Backend("sdpa", _loaded(attention_sdpa)))

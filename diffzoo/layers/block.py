@@ -196,11 +196,12 @@ class Block(nn.Module):
         causal: Optional[bool] = None,
         positions: Optional[Tensor] = None,
         kv_cache: Optional[KVCache] = None,
+        backend: Optional[str] = None,
     ) -> Tensor:
         """``x (B, N, dim)``; the keyword arguments go to the attention's ``forward`` (see :class:`AttentionBase`)."""
         a = self.attn(
             self.norm1(x), key_padding_mask=key_padding_mask, attn_mask=attn_mask, causal=causal,
-            positions=positions, kv_cache=kv_cache,
+            positions=positions, kv_cache=kv_cache, backend=backend,
         )
         x = x + self.drop_path1(self.ls1(a))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
