@@ -253,6 +253,22 @@ def test_export_lm_matches_eager_with_a_dynamic_length() -> None:
         assert torch.equal(program.module()(longer), lm(longer))
 
 
+def test_compiled_and_exported_lm_match_eager_on_left_padded_input() -> None:
+    """Padding takes the masked path (row fix-up, RoPE positions from the padding) in every mode."""
+    torch.manual_seed(0)
+    lm = CausalLM.from_preset("lm_tiny").eval()
+    tokens = torch.randint(0, 256, (2, 9))
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    padding[1, :3] = True
+    with torch.no_grad():
+        eager = lm(tokens, key_padding_mask=padding)
+        compiled = torch.compile(lm, fullgraph=True, backend="aot_eager")(tokens, key_padding_mask=padding)
+        program = torch.export.export(lm, (tokens,), {"key_padding_mask": padding})
+        exported = program.module()(tokens, key_padding_mask=padding)
+    assert torch.equal(compiled, eager)
+    assert torch.equal(exported, eager)
+
+
 # -- torch.fx --------------------------------------------------------------------------------------
 NO_ATTN_ARGS = dict(key_padding_mask=None, attn_mask=None, causal=None, positions=None, kv_cache=None, backend=None)
 
