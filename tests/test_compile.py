@@ -144,33 +144,25 @@ def _train_step_matches(make, x: Tensor, y: Tensor, backend: str) -> None:
     assert_grads_match(eager, compiled)
 
 
-VIT = (lambda: timm.create_model("diffvit_nano_patch7_28", num_classes=10), (4, 1, 28, 28), 10)
-LM = (lambda: CausalLM.from_preset("lm_tiny"), None, 256)
+def _family(family: str) -> tuple:
+    """A model factory and one batch ``(x, y)`` of the ViT or the LM."""
+    torch.manual_seed(1)
+    if family == "vit":
+        x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+        return lambda: timm.create_model("diffvit_nano_patch7_28", num_classes=10), x, y
+    x, y = torch.randint(0, 256, (2, 12)), torch.randint(0, 256, (2, 12))
+    return lambda: CausalLM.from_preset("lm_tiny"), x, y
 
 
 @pytest.mark.parametrize("family", ["vit", "lm"])
 def test_fullgraph_training_step_matches_eager(family: str) -> None:
-    torch.manual_seed(1)
-    if family == "vit":
-        make, shape, classes = VIT
-        x, y = torch.randn(shape), torch.randint(0, classes, (shape[0],))
-    else:
-        make, _, classes = LM
-        x, y = torch.randint(0, classes, (2, 12)), torch.randint(0, classes, (2, 12))
-    _train_step_matches(make, x, y, backend="aot_eager")
+    _train_step_matches(*_family(family), backend="aot_eager")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["vit", "lm"])
 def test_fullgraph_training_step_matches_eager_with_inductor(family: str) -> None:
-    torch.manual_seed(1)
-    if family == "vit":
-        make, shape, classes = VIT
-        x, y = torch.randn(shape), torch.randint(0, classes, (shape[0],))
-    else:
-        make, _, classes = LM
-        x, y = torch.randint(0, classes, (2, 12)), torch.randint(0, classes, (2, 12))
-    _train_step_matches(make, x, y, backend="inductor")
+    _train_step_matches(*_family(family), backend="inductor")
 
 
 def test_compiled_blockwise_gradients_include_lambda() -> None:
