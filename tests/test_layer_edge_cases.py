@@ -141,7 +141,7 @@ def test_blockwise_dropout_gradients_match_the_explicit_masked_map(causal: bool)
     lam = torch.tensor(0.4, requires_grad=True)
     B, H, Hkv, N, d = q.shape[0], q.shape[1] // 2, v.shape[1], q.shape[2], q.shape[-1]
     p, seed = 0.3, 1234
-    out = blockwise_mod._BlockwiseDiffAttention.apply(q, k, v, lam, None, causal, d**-0.5, p, seed)
+    out = blockwise_mod.blockwise_forward(q, k, v, lam, None, causal, d**-0.5, p, torch.tensor(seed))
     a1, a2 = diff_attention_maps(q, k, lam, causal=causal)
     G = H // Hkv
     drop = blockwise_mod._dropout_scale((B, Hkv, G * N, N), p, seed, 0, q.device).view(B, H, N, N)

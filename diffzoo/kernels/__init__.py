@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .registry import (
+    _REGISTRY,
     Backend,
     Call,
     available_backends,
@@ -33,7 +34,9 @@ from .registry import (
     use_backend,
 )
 from ._masks import as_lambda, check_dropout_p
-from .reference import attention_maps, diff_attention_maps
+from .blockwise import diff_attention_blockwise
+from .reference import attention_maps, attention_reference, diff_attention_maps, diff_attention_reference
+from .sdpa import attention_sdpa, diff_attention_sdpa
 
 __all__ = [
     "Backend",
@@ -129,12 +132,18 @@ def _load(module: str, name: str):
     return load
 
 
+# Looked up once: installed packages do not change while the process runs, and a look-up at call time
+# would end the graph under torch.compile.
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+_HAS_TRITON_KERNEL = importlib.util.find_spec(f"{__name__}.triton_diff") is not None
+
+
 def _triton_unavailable() -> Optional[str]:
-    if importlib.util.find_spec("triton") is None:
+    if not _HAS_TRITON:
         return "triton is not installed (pip install triton)"
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
         return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
-    if importlib.util.find_spec(f"{__name__}.triton_diff") is None:
+    if not _HAS_TRITON_KERNEL:
         return "the fused Triton kernel is not part of this build"
     return None
 
@@ -151,9 +160,15 @@ def _sdpa_unsupported(call: Call) -> Optional[str]:
     return None
 
 
-register_backend("diff", Backend("reference", _load("reference", "diff_attention_reference")))
-register_backend("diff", Backend("sdpa", _load("sdpa", "diff_attention_sdpa"), unsupported=_sdpa_unsupported))
-register_backend("diff", Backend("blockwise", _load("blockwise", "diff_attention_blockwise")))
+def _loaded(fn):
+    # The plain-PyTorch backends are imported with the package: an import at call time would be a
+    # graph break under torch.compile. Only the Triton backend loads on first use.
+    return lambda: fn
+
+
+register_backend("diff", Backend("reference", _loaded(diff_attention_reference)))
+register_backend("diff", Backend("sdpa", _loaded(diff_attention_sdpa), unsupported=_sdpa_unsupported))
+register_backend("diff", Backend("blockwise", _loaded(diff_attention_blockwise)))
 register_backend(
     "diff",
     Backend(
@@ -163,5 +178,12 @@ register_backend(
         unsupported=_triton_unsupported,
     ),
 )
-register_backend("softmax", Backend("reference", _load("reference", "attention_reference")))
-register_backend("softmax", Backend("sdpa", _load("sdpa", "attention_sdpa")))
+if _triton_unavailable() is None:
+    # Triton can run here: load the kernel now, as an import on first use inside a torch.compile'd
+    # region would end the graph (a failed import is raised again at the first call).
+    try:
+        _REGISTRY["diff"]["triton"].fn()
+    except Exception:  # noqa: BLE001
+        pass
+register_backend("softmax", Backend("reference", _loaded(attention_reference)))
+register_backend("softmax", Backend("sdpa", _loaded(attention_sdpa)))

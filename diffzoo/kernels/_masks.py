@@ -185,7 +185,9 @@ def prepare_mask(
         bias = c if bias is None else bias + c
     assert bias is not None
     row_valid = torch.isfinite(bias).any(dim=-1, keepdim=True) | (bias.shape[-1] == 0)
-    if bool(row_valid.all()):
+    # Eager skips the row fix-up when every row has a key; a traced graph (torch.compile / export)
+    # cannot branch on data, so it always applies it (a no-op on valid rows: same result).
+    if not torch.compiler.is_compiling() and bool(row_valid.all()):
         return PreparedMask(bias, False, None)
     bias = bias.masked_fill(~row_valid, 0.0)
     return PreparedMask(bias, False, row_valid)

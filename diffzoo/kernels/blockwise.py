@@ -111,87 +111,143 @@ def _block_queries(q6: Tensor, r0: int, r1: int, scale: float) -> Tensor:
     return qb.view(2, B, Hkv, G * (r1 - r0), d)
 
 
-class _BlockwiseDiffAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, lam, bias, causal, scale, dropout_p, seed):
-        B, H2, Nq, d = q.shape
-        H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
-        G = H // Hkv
-        q6 = q.view(B, Hkv, G, 2, Nq, d)
-        k5 = k.view(B, Hkv, 2, Nk, d)
-        lam_v = float(lam)
-        out = _alloc(q, B, H, Nq, dv)
-        rows = _block_rows(B, H, Nq, Nk, causal)
-        buf = q.new_empty(2, B, Hkv, G * rows, Nk) if q.dtype == torch.float32 else None
-        for r0 in range(0, Nq, rows):
-            r1 = min(Nq, r0 + rows)
-            n, kend = r1 - r0, _key_end(causal, r1, Nq, Nk)
-            bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device, kend)
-            s = _block_maps(
-                _block_queries(q6, r0, r1, scale), k5[:, :, :, :kend], bias_b, G, out=_buffer(buf, 2, B, Hkv, G * n, kend)
-            )
-            p = s[0].add_(s[1], alpha=-lam_v)  # P1 - lam P2 in place, (B, Hkv, G*n, kend)
-            if dropout_p > 0.0:  # one mask on the combined map, shared by every value channel
-                p.mul_(_dropout_scale(p.shape, dropout_p, seed, r0, q.device))
-            out[:, :, r0:r1] = torch.matmul(p.to(v.dtype), v[:, :, :kend]).view(B, H, n, dv)
-        ctx.save_for_backward(q, k, v, lam, bias)
-        ctx.causal, ctx.scale, ctx.dropout_p, ctx.seed = causal, scale, dropout_p, seed
-        return out
+def _seed(seed: Optional[Tensor]) -> int:
+    if seed is None:
+        raise ValueError("the blockwise kernel needs a seed tensor when dropout_p > 0")
+    return int(seed)
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, lam, bias = ctx.saved_tensors
-        causal, scale, dropout_p = ctx.causal, ctx.scale, ctx.dropout_p
-        B, H2, Nq, d = q.shape
-        H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
-        G = H // Hkv
-        q6 = q.view(B, Hkv, G, 2, Nq, d)
-        k5 = k.view(B, Hkv, 2, Nk, d)
-        lam_v = float(lam)
-        dout = dout.contiguous()
-        dq = _alloc(q, *q.shape)
-        dq6 = dq.view(B, Hkv, G, 2, Nq, d)
-        f32 = torch.float32
-        dk = torch.zeros(B, Hkv, 2, Nk, d, dtype=f32, device=q.device)
-        dv_acc = torch.zeros(B, Hkv, Nk, dv, dtype=f32, device=q.device)
-        dlam = torch.zeros((), dtype=f32, device=q.device)
-        rows = _block_rows(B, H, Nq, Nk, causal)
-        buf = q.new_empty(2, B, Hkv, G * rows, Nk) if q.dtype == torch.float32 else None
-        pbuf = buf[0].clone() if buf is not None else None
-        for r0 in range(0, Nq, rows):
-            r1 = min(Nq, r0 + rows)
-            n, kend = r1 - r0, _key_end(causal, r1, Nq, Nk)
-            qb = _block_queries(q6, r0, r1, scale)
-            kb, vb = k5[:, :, :, :kend], v[:, :, :kend]
-            # Recompute both maps exactly (whole rows up to the causal limit), instead of storing them.
-            bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device, kend)
-            s = _block_maps(qb, kb, bias_b, G, out=_buffer(buf, 2, B, Hkv, G * n, kend))
-            do = dout[:, :, r0:r1].reshape(B, Hkv, G * n, dv)
-            p_out = _buffer(pbuf, B, Hkv, G * n, kend)
-            if p_out is not None:
-                p = torch.sub(s[0], s[1], alpha=lam_v, out=p_out)
-            else:
-                p = torch.sub(s[0], s[1], alpha=lam_v)
-            drop = _dropout_scale(p.shape, dropout_p, ctx.seed, r0, q.device) if dropout_p > 0.0 else None
-            if drop is not None:
-                p.mul_(drop)
-            # dV = drop(P1 - lam P2)^T dO, once
-            dv_acc[:, :, :kend] += torch.matmul(p.to(v.dtype).transpose(-1, -2), do).float()
-            dp = torch.matmul(do, vb.transpose(-1, -2)).float()  # (B, Hkv, G*n, kend), shared by both branches
-            if drop is not None:
-                dp.mul_(drop)  # the gradient reaches P1 - lam P2 through the same mask
-            dlam -= torch.dot(s[1].reshape(-1), dp.reshape(-1))
-            # dS = P * (dP - rowsum(P * dP)) per branch, written over the maps; branch 2 carries -lam
-            for i in (0, 1):
-                _softmax_backward_out(dp, s[i], -1, f32, grad_input=s[i])
-            s[1].mul_(-lam_v)
-            ds = s.to(q.dtype)
-            for i in (0, 1):
-                dq6[:, :, :, i, r0:r1] = torch.matmul(ds[i], kb[:, :, i]).view(B, Hkv, G, n, d)
-                dk[:, :, i, :kend] += torch.matmul(ds[i].transpose(-1, -2), qb[i]).float()
-        dq.mul_(scale)  # the gradient flowed to the scaled queries
-        dk = dk.view(B, 2 * Hkv, Nk, d).to(k.dtype)
-        return dq, dk, dv_acc.to(v.dtype), dlam.to(lam.dtype).reshape(lam.shape), None, None, None, None, None
+
+@torch.library.custom_op("diffzoo::blockwise_diff_attention", mutates_args=())
+def blockwise_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    bias: Optional[Tensor],
+    causal: bool,
+    scale: float,
+    dropout_p: float,
+    seed: Optional[Tensor],
+) -> Tensor:
+    """Forward of the kernel as one operator, ``torch.ops.diffzoo.blockwise_diff_attention``.
+
+    ``q``, ``k``, ``v`` are contiguous, ``bias`` is the prepared additive mask (or None) and ``seed``
+    an int64 scalar tensor fixing the dropout mask (None without dropout). As an operator the kernel
+    is one opaque node for ``torch.compile`` and ``torch.export``: its loop over row blocks runs at
+    call time with the real sizes, and ``lam`` is read as a number only there.
+    """
+    B, H2, Nq, d = q.shape
+    H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
+    G = H // Hkv
+    q6 = q.view(B, Hkv, G, 2, Nq, d)
+    k5 = k.view(B, Hkv, 2, Nk, d)
+    lam_v = float(lam)
+    out = _alloc(q, B, H, Nq, dv)
+    rows = _block_rows(B, H, Nq, Nk, causal)
+    buf = q.new_empty(2, B, Hkv, G * rows, Nk) if q.dtype == torch.float32 else None
+    for r0 in range(0, Nq, rows):
+        r1 = min(Nq, r0 + rows)
+        n, kend = r1 - r0, _key_end(causal, r1, Nq, Nk)
+        bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device, kend)
+        s = _block_maps(
+            _block_queries(q6, r0, r1, scale), k5[:, :, :, :kend], bias_b, G, out=_buffer(buf, 2, B, Hkv, G * n, kend)
+        )
+        p = s[0].add_(s[1], alpha=-lam_v)  # P1 - lam P2 in place, (B, Hkv, G*n, kend)
+        if dropout_p > 0.0:  # one mask on the combined map, shared by every value channel
+            p.mul_(_dropout_scale(p.shape, dropout_p, _seed(seed), r0, q.device))
+        out[:, :, r0:r1] = torch.matmul(p.to(v.dtype), v[:, :, :kend]).view(B, H, n, dv)
+    return out
+
+
+@blockwise_forward.register_fake
+def _(q, k, v, lam, bias, causal, scale, dropout_p, seed):
+    return q.new_empty(q.shape[0], q.shape[1] // 2, q.shape[2], v.shape[-1])
+
+
+@torch.library.custom_op("diffzoo::blockwise_diff_attention_backward", mutates_args=())
+def blockwise_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    bias: Optional[Tensor],
+    causal: bool,
+    scale: float,
+    dropout_p: float,
+    seed: Optional[Tensor],
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv, dlam)`` of :func:`blockwise_forward`, recomputing the maps block by block."""
+    B, H2, Nq, d = q.shape
+    H, Hkv, Nk, dv = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
+    G = H // Hkv
+    q6 = q.view(B, Hkv, G, 2, Nq, d)
+    k5 = k.view(B, Hkv, 2, Nk, d)
+    lam_v = float(lam)
+    dout = dout.contiguous()
+    dq = _alloc(q, *q.shape)
+    dq6 = dq.view(B, Hkv, G, 2, Nq, d)
+    f32 = torch.float32
+    dk = torch.zeros(B, Hkv, 2, Nk, d, dtype=f32, device=q.device)
+    dv_acc = torch.zeros(B, Hkv, Nk, dv, dtype=f32, device=q.device)
+    dlam = torch.zeros((), dtype=f32, device=q.device)
+    rows = _block_rows(B, H, Nq, Nk, causal)
+    buf = q.new_empty(2, B, Hkv, G * rows, Nk) if q.dtype == torch.float32 else None
+    pbuf = buf[0].clone() if buf is not None else None
+    for r0 in range(0, Nq, rows):
+        r1 = min(Nq, r0 + rows)
+        n, kend = r1 - r0, _key_end(causal, r1, Nq, Nk)
+        qb = _block_queries(q6, r0, r1, scale)
+        kb, vb = k5[:, :, :, :kend], v[:, :, :kend]
+        # Recompute both maps exactly (whole rows up to the causal limit), instead of storing them.
+        bias_b = _block_bias(bias, causal, r0, r1, Nq, Nk, q.device, kend)
+        s = _block_maps(qb, kb, bias_b, G, out=_buffer(buf, 2, B, Hkv, G * n, kend))
+        do = dout[:, :, r0:r1].reshape(B, Hkv, G * n, dv)
+        p_out = _buffer(pbuf, B, Hkv, G * n, kend)
+        if p_out is not None:
+            p = torch.sub(s[0], s[1], alpha=lam_v, out=p_out)
+        else:
+            p = torch.sub(s[0], s[1], alpha=lam_v)
+        drop = _dropout_scale(p.shape, dropout_p, _seed(seed), r0, q.device) if dropout_p > 0.0 else None
+        if drop is not None:
+            p.mul_(drop)
+        # dV = drop(P1 - lam P2)^T dO, once
+        dv_acc[:, :, :kend] += torch.matmul(p.to(v.dtype).transpose(-1, -2), do).float()
+        dp = torch.matmul(do, vb.transpose(-1, -2)).float()  # (B, Hkv, G*n, kend), shared by both branches
+        if drop is not None:
+            dp.mul_(drop)  # the gradient reaches P1 - lam P2 through the same mask
+        dlam -= torch.dot(s[1].reshape(-1), dp.reshape(-1))
+        # dS = P * (dP - rowsum(P * dP)) per branch, written over the maps; branch 2 carries -lam
+        for i in (0, 1):
+            _softmax_backward_out(dp, s[i], -1, f32, grad_input=s[i])
+        s[1].mul_(-lam_v)
+        ds = s.to(q.dtype)
+        for i in (0, 1):
+            dq6[:, :, :, i, r0:r1] = torch.matmul(ds[i], kb[:, :, i]).view(B, Hkv, G, n, d)
+            dk[:, :, i, :kend] += torch.matmul(ds[i].transpose(-1, -2), qb[i]).float()
+    dq.mul_(scale)  # the gradient flowed to the scaled queries
+    dk = dk.view(B, 2 * Hkv, Nk, d).to(k.dtype)
+    return dq, dk, dv_acc.to(v.dtype), dlam.to(lam.dtype).reshape(lam.shape)
+
+
+@blockwise_backward.register_fake
+def _(dout, q, k, v, lam, bias, causal, scale, dropout_p, seed):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lam)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, lam, bias, causal, scale, dropout_p, seed = inputs
+    ctx.save_for_backward(q, k, v, lam, bias, seed)
+    ctx.causal, ctx.scale, ctx.dropout_p = causal, scale, dropout_p
+
+
+def _backward(ctx, dout):
+    q, k, v, lam, bias, seed = ctx.saved_tensors
+    dq, dk, dv, dlam = blockwise_backward(dout, q, k, v, lam, bias, ctx.causal, ctx.scale, ctx.dropout_p, seed)
+    return dq, dk, dv, dlam, None, None, None, None, None
+
+
+blockwise_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def diff_attention_blockwise(
@@ -219,8 +275,8 @@ def diff_attention_blockwise(
         raise ValueError(f"lam must be a scalar tensor, got shape {tuple(lam.shape)}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     m = prepare_mask(attn_mask, key_padding_mask, causal, Nq, Nk, q.device, keep_causal_separate=True)
-    seed = int(torch.randint(0, 1 << 62, ())) if dropout_p > 0.0 else 0
-    out = _BlockwiseDiffAttention.apply(
+    seed = torch.randint(0, 1 << 62, ()) if dropout_p > 0.0 else None  # a tensor: no sync, traceable
+    out = blockwise_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), lam, m.bias, m.causal, scale, float(dropout_p), seed
     )
     if m.row_valid is not None:

@@ -4,14 +4,18 @@ Selection order: the ``backend=`` argument, then :func:`use_backend` (a context 
 ``DIFFZOO_ATTN_BACKEND`` environment variable, then ``"auto"``. An explicitly requested backend that
 cannot run the call raises; ``auto`` falls back along a per-device preference list and logs each
 fallback once. The backend never changes the result beyond floating-point rounding.
+
+Selection is plain Python that ``torch.compile`` traces without a graph break: the name set by
+:func:`use_backend` lives in thread-local state, which dynamo guards (a compiled model re-traces
+when it changes), while the environment variable is read when the graph is traced.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -20,7 +24,8 @@ from torch import Tensor
 log = logging.getLogger("diffzoo.kernels")
 
 ENV_VAR = "DIFFZOO_ATTN_BACKEND"
-_requested: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("diffzoo_attn_backend", default=None)
+# The backend named by the innermost ``use_backend`` of this thread (attribute ``name``, unset = None).
+_requested = threading.local()
 _logged: set[tuple[str, str, str]] = set()
 
 
@@ -98,16 +103,17 @@ def use_backend(name: Optional[str]) -> Iterator[None]:
     """Run the enclosed code with attention backend ``name`` (``None`` restores the default chain)."""
     if name is not None:
         _check_name(name)
-    token = _requested.set(name)
+    previous = getattr(_requested, "name", None)
+    _requested.name = name
     try:
         yield
     finally:
-        _requested.reset(token)
+        _requested.name = previous
 
 
 def requested_backend(explicit: Optional[str] = None) -> str:
     """The backend name in force: argument, context manager, environment variable, then ``"auto"``."""
-    name = explicit or _requested.get() or os.environ.get(ENV_VAR) or "auto"
+    name = explicit or getattr(_requested, "name", None) or os.environ.get(ENV_VAR) or "auto"
     _check_name(name)
     return name
 

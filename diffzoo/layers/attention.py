@@ -13,11 +13,16 @@ from torch import Tensor, nn
 
 from ..kernels import attention, attention_maps
 from ..kernels._masks import check_dropout_p
+from ._tracing import is_fx_tracing
 from .heads import check_positive_int, resolve_heads
 from .kv_cache import KVCache
 from .rope import RotaryEmbedding
 
 RopeArg = Union[RotaryEmbedding, bool, None]
+
+# torch.fx records the kernels as single calls (their input checks and backend choice need real tensors).
+torch.fx.wrap("attention")
+torch.fx.wrap("attention_maps")
 
 
 class AttentionBase(nn.Module):
@@ -72,6 +77,15 @@ class AttentionBase(nn.Module):
             raise ValueError(f"RotaryEmbedding(dim={rope.dim}) does not match head_dim={head_dim}")
         self.rope = rope
 
+    def __prepare_scriptable__(self) -> "AttentionBase":
+        # torch.jit.script calls this on every submodule before compiling: fail here, with the reason,
+        # rather than deep inside TorchScript's compiler (or, behind a caller that catches it, silently).
+        raise RuntimeError(
+            f"{type(self).__name__} cannot be compiled with torch.jit.script: diffzoo chooses the attention "
+            "kernel in Python at call time (diffzoo.kernels backends), which TorchScript cannot express; "
+            "use torch.compile(model) or torch.export.export(model, args) instead"
+        )
+
     # -- helpers -------------------------------------------------------------------------------
     def make_kv_cache(
         self, batch_size: int, max_seq_len: int, dtype: Optional[torch.dtype] = None, device: Any = None
@@ -87,6 +101,8 @@ class AttentionBase(nn.Module):
         )
 
     def _check_tokens(self, t: Tensor, name: str, width: int) -> None:
+        if is_fx_tracing():
+            return  # proxies carry no shape to check
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
@@ -137,7 +153,7 @@ class AttentionBase(nn.Module):
         B, N, _ = x.shape
         if context is not None:
             self._check_tokens(context, "context", self.kv_dim)
-            if context.shape[0] != B:
+            if not is_fx_tracing() and context.shape[0] != B:
                 raise ValueError(f"context batch {context.shape[0]} differs from x batch {B}")
             if kv_cache is not None:
                 raise ValueError("kv_cache is for incremental self-attention; it cannot be combined with context")

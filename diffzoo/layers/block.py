@@ -11,6 +11,7 @@ from ..kernels._masks import check_dropout_p
 from .attention import Attention, AttentionBase, RopeArg
 from .diff_attention import DiffAttention, DiffAttentionV2
 from .heads import check_positive_int, resolve_heads
+from .kv_cache import KVCache
 from .mlp import Mlp, SwiGLU
 from .norm import build_norm
 
@@ -186,7 +187,21 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, layer_scale_init) if layer_scale_init is not None else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: Tensor, **attn_kwargs) -> Tensor:
-        """``x (B, N, dim)``; ``attn_kwargs`` go to the attention's ``forward`` (masks, cache, positions)."""
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), **attn_kwargs)))
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        causal: Optional[bool] = None,
+        positions: Optional[Tensor] = None,
+        kv_cache: Optional[KVCache] = None,
+        backend: Optional[str] = None,
+    ) -> Tensor:
+        """``x (B, N, dim)``; the keyword arguments go to the attention's ``forward`` (see :class:`AttentionBase`)."""
+        a = self.attn(
+            self.norm1(x), key_padding_mask=key_padding_mask, attn_mask=attn_mask, causal=causal,
+            positions=positions, kv_cache=kv_cache, backend=backend,
+        )
+        x = x + self.drop_path1(self.ls1(a))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -26,6 +26,12 @@ from .attention import AttentionBase, RopeArg
 from .heads import resolve_heads
 from .norm import RMSNorm
 
+# torch.fx records the kernels as single calls (their input checks and backend choice need real tensors).
+torch.fx.wrap("attention")
+torch.fx.wrap("attention_maps")
+torch.fx.wrap("diff_attention")
+torch.fx.wrap("diff_attention_maps")
+
 
 def lambda_init_schedule(depth: int) -> float:
     """The paper's ``lambda_init = 0.8 - 0.6 exp(-0.3 * depth)`` for the 0-based block index ``depth``."""

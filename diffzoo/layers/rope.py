@@ -7,51 +7,43 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ._tracing import is_fx_tracing
+
 
 class RotaryEmbedding(nn.Module):
     """Rotates pairs of channels ``(x[..., i], x[..., i + dim/2])`` by position-dependent angles.
 
     Applied to every query and key head of width ``dim``; in differential attention that is each
-    half-head ``q1, q2, k1, k2`` separately. Holds no parameters; the cos/sin tables are
-    non-persistent buffers that grow on demand.
+    half-head ``q1, q2, k1, k2`` separately. Holds no parameters; the angles ``position * theta_i``
+    are formed from the positions of each call (fp32), so any position works without a table to
+    grow and the module has no data-dependent sizes (``torch.compile`` and ``torch.export`` trace it
+    whole).
 
     Args:
         dim: head width (even).
         base: angle base, ``theta_i = base ** (-2i / dim)``.
-        max_seq_len: initial table length (extended automatically when longer positions arrive).
     """
 
-    def __init__(self, dim: int, base: float = 10000.0, max_seq_len: int = 2048) -> None:
+    def __init__(self, dim: int, base: float = 10000.0) -> None:
         super().__init__()
         if dim % 2:
             raise ValueError(f"RotaryEmbedding needs an even head width, got dim={dim}")
         self.dim, self.base = dim, base
         inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._build(max_seq_len)
-
-    def _build(self, length: int) -> None:
-        t = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
-        freqs = torch.outer(t, self.inv_freq)
-        self.register_buffer("cos_cached", freqs.cos(), persistent=False)
-        self.register_buffer("sin_cached", freqs.sin(), persistent=False)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
         """Rotate ``x (B, heads, N, dim)`` at ``positions`` (``(N,)`` or ``(B, N)`` ints, default ``0..N-1``)."""
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"RotaryEmbedding(dim={self.dim}) got input width {x.shape[-1]}")
         N = x.shape[-2]
+        if not is_fx_tracing():
+            if x.shape[-1] != self.dim:
+                raise ValueError(f"RotaryEmbedding(dim={self.dim}) got input width {x.shape[-1]}")
+            if positions is not None and positions.shape[-1] != N:
+                raise ValueError(f"positions has {positions.shape[-1]} entries for {N} tokens")
         if positions is None:
             positions = torch.arange(N, device=x.device)
-        if positions.shape[-1] != N:
-            raise ValueError(f"positions has {positions.shape[-1]} entries for {N} tokens")
-        needed = int(positions.max()) + 1 if positions.numel() else 0
-        if needed > self.cos_cached.shape[0]:
-            self._build(max(needed, 2 * self.cos_cached.shape[0]))
-        cos = self.cos_cached[positions]  # (N, dim/2) or (B, N, dim/2)
-        sin = self.sin_cached[positions]
-        if cos.dim() == 3:
-            cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq  # (N, dim/2) or (B, N, dim/2)
+        cos, sin = freqs.cos().unsqueeze(-3), freqs.sin().unsqueeze(-3)  # a heads axis to broadcast over
         x1, x2 = x.float().chunk(2, dim=-1)
         out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
         return out.to(x.dtype)

@@ -498,7 +498,9 @@ class DiffTextTower(nn.Module):
             raise ValueError(f"text must hold integer token ids, got dtype {text.dtype}")
         if not 1 <= text.shape[1] <= self.context_length:
             raise ValueError(f"text has {text.shape[1]} tokens; this model takes 1 to context_length={self.context_length}")
-        if text.device.type == "cpu" and text.numel():  # a range check on an accelerator would synchronise
+        # The range check reads values: skipped on an accelerator (it would synchronise) and in a
+        # compiled or exported graph (it would end the graph).
+        if text.device.type == "cpu" and text.numel() and not torch.compiler.is_compiling():
             lo, hi = int(text.min()), int(text.max())
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(f"text token ids must lie in [0, {self.vocab_size}), got min {lo}, max {hi}")

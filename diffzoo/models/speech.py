@@ -170,6 +170,19 @@ class LogMelFrontend(nn.Module):
         self.freq_mask = torchaudio.transforms.FrequencyMasking(cfg.freq_mask_param, iid_masks=True)
         self.time_mask = torchaudio.transforms.TimeMasking(cfg.time_mask_param, iid_masks=True)
 
+    def _power_spectrum(self, wave: Tensor) -> Tensor:
+        """``|STFT|^2`` ``(B, n_fft // 2 + 1, frames)`` with the window and settings of ``self.mel``.
+
+        The same computation as torchaudio's ``Spectrogram``, whose option parsing ``torch.compile``
+        cannot trace; the mel filterbank is then torchaudio's own (``self.mel.mel_scale``).
+        """
+        stft = self.mel.spectrogram
+        spec = torch.stft(
+            wave, n_fft=stft.n_fft, hop_length=stft.hop_length, win_length=stft.win_length, window=stft.window,
+            center=False, normalized=False, onesided=True, return_complex=True,
+        )
+        return spec.abs().pow(2.0)
+
     def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         if wave.dim() == 4 and wave.shape[1:3] == (1, 1):  # timm's (B, C, H, W) batch of input_size (1, 1, T)
             wave = wave[:, 0, 0]
@@ -184,7 +197,7 @@ class LogMelFrontend(nn.Module):
         total = torch.full((wave.shape[0],), wave.shape[-1], device=wave.device)
         lengths = total if lengths is None else lengths.to(wave.device).clamp(max=wave.shape[-1])
         with torch.autocast(wave.device.type, enabled=False):  # the FFT and log want fp32
-            spec = (self.mel(wave.float()) + 1e-6).log()  # (B, n_mels, frames)
+            spec = (self.mel.mel_scale(self._power_spectrum(wave.float())) + 1e-6).log()  # (B, n_mels, frames)
         spec = (spec - self.cfg.mel_mean) / self.cfg.mel_std
         if self.training:
             spec = spec.unsqueeze(1)  # iid masks need (B, C, F, T)
