@@ -83,11 +83,6 @@ def vit_init_(model: nn.Module, pos_embed: nn.Parameter | None, cls_token: nn.Pa
                 nn.init.zeros_(m.bias)
 
 
-def _fx_tracing() -> bool:
-    """True while ``torch.fx.symbolic_trace`` runs (False under ``torch.compile`` / ``torch.export``)."""
-    return torch.fx._symbolic_trace.is_fx_symbolic_tracing()
-
-
 def _refuse_timm_only_options(qk_norm: bool, scale_norm: bool) -> None:
     if qk_norm or scale_norm:
         name = "qk_norm" if qk_norm else "scale_attn_norm"
@@ -109,13 +104,13 @@ def diff_head_layout(dim: int, num_heads: int) -> tuple[int, int, int]:
 class _TimmForward:
     """timm's attention ``forward(x, attn_mask=None, is_causal=False)`` over a diffzoo attention layer.
 
-    Eager calls go through :meth:`diffzoo.layers.AttentionBase.forward`, i.e. diffzoo's kernel backends
-    and the ``_attend`` seam of :mod:`diffzoo.analysis`. TorchScript and ``torch.fx.symbolic_trace``
-    cannot follow the backend selection (Python control flow on tensor properties), so they run
-    :meth:`_forward_graph`: the same math from ``F.scaled_dot_product_attention`` calls, equal to the
-    eager result up to floating-point rounding. timm's own FX tools (``features_only`` with
-    ``feature_cls="fx"``, ``timm.models.create_feature_extractor``) keep the layer as a leaf module and
-    so reproduce the eager output exactly.
+    Eager calls, ``torch.compile``, ``torch.export`` and ``torch.fx.symbolic_trace`` go through
+    :meth:`diffzoo.layers.AttentionBase.forward`, i.e. diffzoo's kernel backends (recorded as single calls
+    in a traced graph) and the ``_attend`` seam of :mod:`diffzoo.analysis`. TorchScript cannot follow the
+    backend selection (Python control flow at call time), so a scripted ViT runs :meth:`_forward_graph`:
+    the same math from ``F.scaled_dot_product_attention`` calls, equal to the eager result up to
+    floating-point rounding. (diffzoo's own layers refuse ``torch.jit.script``; these timm adapters
+    script because timm's ViT API promises it.)
 
     ``attn_mask`` follows timm: bool (True = attend) or additive float, broadcastable to
     ``(B, heads, N, N)``; give masks a head dimension of 1, since the differential layer has fewer
@@ -159,9 +154,11 @@ class _TimmForward:
         """``x (B, N, dim)`` -> ``(B, N, dim)``."""
         if torch.jit.is_scripting():
             return self._forward_graph(x, attn_mask, is_causal)
-        if _fx_tracing():
-            return self._forward_graph(x, attn_mask, is_causal)
         return self._forward_kernels(x, attn_mask, is_causal)
+
+    @torch.jit.unused
+    def __prepare_scriptable__(self) -> nn.Module:
+        return self  # scripted through _forward_graph (see the class docstring)
 
     @torch.jit.unused
     def _forward_kernels(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
