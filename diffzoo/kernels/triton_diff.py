@@ -162,7 +162,7 @@ def _fwd_kernel(
     if UPCAST:
         MM: tl.constexpr = tl.float32
     else:
-        MM: tl.constexpr = ELT
+        MM: tl.constexpr = ELT  # type: ignore[no-redef]
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H
@@ -325,7 +325,7 @@ def _bwd_kv_kernel(
     if UPCAST:
         MM: tl.constexpr = tl.float32
     else:
-        MM: tl.constexpr = ELT
+        MM: tl.constexpr = ELT  # type: ignore[no-redef]
     pid_n = tl.program_id(0)
     pid_bg = tl.program_id(1).to(tl.int64)
     b = pid_bg // Hkv
@@ -461,7 +461,7 @@ def _bwd_q_kernel(
     if UPCAST:
         MM: tl.constexpr = tl.float32
     else:
-        MM: tl.constexpr = ELT
+        MM: tl.constexpr = ELT  # type: ignore[no-redef]
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H

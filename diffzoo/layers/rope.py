@@ -30,6 +30,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RotaryEmbedding needs an even head width, got dim={dim}")
         self.dim, self.base = dim, base
         inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        self.inv_freq: Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
