@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from jsonargparse import DefaultHelpFormatter
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from diffzoo.tasks.callbacks import PredictionsCSV, ProgressLines, RunCurves
+from diffzoo.tasks.callbacks import BestAndLastCheckpoint, PredictionsCSV, ProgressLines, RunCurves
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -30,7 +29,7 @@ def with_defaults(args: list[str], default_config: Path) -> list[str]:
 def add_checkpoint_args(parser: Any, **defaults: Any) -> None:
     """Always-on ``--checkpoint.*`` (a ModelCheckpoint saving ``last.ckpt`` and step-named files); ``defaults``
     override or add ``checkpoint.<name>`` defaults, e.g. ``save_top_k=1, monitor="val/loss"``."""
-    parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+    parser.add_lightning_class_args(BestAndLastCheckpoint, "checkpoint")
     base = {"filename": "epoch{epoch:03d}-step{step:07d}", "auto_insert_metric_name": False, "save_last": True}
     parser.set_defaults({f"checkpoint.{k}": v for k, v in {**base, **defaults}.items()})
 

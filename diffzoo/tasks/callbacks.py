@@ -1,5 +1,6 @@
 """Callbacks shared by the recipes: the run summary, progress lines for logs, predictions files, curves.
 
+* :class:`BestAndLastCheckpoint` keeps the best checkpoint by a metric and an up-to-date ``last.ckpt``.
 * :class:`RunSummary` exports the weights and writes ``summary.json`` at the end of ``fit`` and says what the
   headline number is ("10-class validation top-1 on 1,000 MNIST digits").
 * :class:`ProgressLines` prints one line per epoch (and every N steps) when stdout is not a terminal.
@@ -18,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.callbacks import BasePredictionWriter, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from .export import export_module
@@ -47,6 +48,28 @@ def metric_files(trainer: pl.Trainer) -> list[str]:
         if path.exists():
             files.append(str(path))
     return files
+
+
+class BestAndLastCheckpoint(ModelCheckpoint):
+    """A :class:`~lightning.pytorch.callbacks.ModelCheckpoint` whose ``last.ckpt`` is rewritten at every
+    checkpointing point. Lightning 2.6 rewrites ``last.ckpt`` only when a top-k checkpoint was saved at the
+    same step, so with ``save_top_k=1`` and a monitored metric that stopped improving, ``last.ckpt`` would
+    keep the best epoch's weights and a resume would restart from there."""
+
+    def _refresh_last(self, trainer: pl.Trainer) -> None:
+        # _should_skip_saving_checkpoint is true when this step was already saved (then last.ckpt was too)
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._refresh_last(trainer)
 
 
 class RunSummary(pl.Callback):

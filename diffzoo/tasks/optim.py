@@ -57,11 +57,16 @@ def weight_decay_groups(
 
 def epochs_to_steps(trainer: pl.Trainer, epochs: float) -> int:
     """``epochs`` (fractions allowed) in optimizer steps of this run, rounded; with ``max_epochs=-1`` (a run
-    bounded by ``max_steps``) an epoch is the loader's length over the gradient accumulation."""
-    total = int(trainer.estimated_stepping_batches)
+    bounded by ``max_steps``) an epoch is the loader's length over the gradient accumulation, or the whole
+    run for a loader without a length."""
+    total = trainer.estimated_stepping_batches
     if trainer.max_epochs and trainer.max_epochs > 0:
-        return int(round(epochs * total / trainer.max_epochs))
-    return int(round(epochs * trainer.num_training_batches / max(1, trainer.accumulate_grad_batches)))
+        return int(round(epochs * int(total) / trainer.max_epochs))
+    if trainer.train_dataloader is None:
+        trainer.fit_loop.setup_data()
+    batches = trainer.num_training_batches
+    per_epoch = batches / max(1, trainer.accumulate_grad_batches) if math.isfinite(batches) else total
+    return int(round(epochs * per_epoch)) if epochs else 0
 
 
 def adamw_warmup_cosine(
