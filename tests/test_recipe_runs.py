@@ -78,7 +78,7 @@ def test_vit_fit_keeps_best_and_last_then_validate_test_predict(tmp_path: Path, 
 def test_lm_test_and_predict(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     cfg = str(lm_config(tmp_path))
-    fit = lm_recipe.cli_main(["fit", "--config", cfg, "--trainer.max_steps", "2"])
+    fit = lm_recipe.cli_main(["fit", "--config", cfg, "--trainer.max_epochs", "1"])
     summary = json.loads(Path(fit.trainer.log_dir, "summary.json").read_text())
     assert summary["monitor"] == "val/loss" and "next-token cross-entropy" in summary["monitor_description"]
     ckpt = summary["last_checkpoint"]
@@ -97,12 +97,14 @@ def test_speech_predict_writes_the_test_clips(tmp_path: Path, monkeypatch) -> No
 
     monkeypatch.setattr(speech_data, "SynthConfig", lambda **kw: tiny_synth_config(tuple(kw["clips_per_word"])))
     args = ["--model.model_kwargs", SPEECH_TINY_MODEL, "--data.init_args.clips_per_word", "[3, 1, 1]",
-            "--data.init_args.silence_clips", "[3, 1, 1]", "--trainer.enable_model_summary", "false"]
+            "--data.init_args.silence_clips", "[3, 1, 1]", "--data.init_args.batch_size", "36",
+            "--trainer.enable_model_summary", "false"]
     fit = speech_recipe.cli_main(["fit", *args, "--trainer.max_steps", "1"])
     ckpt = fit.trainer.checkpoint_callback.last_model_path
     pred = speech_recipe.cli_main(["predict", *args, "--ckpt_path", ckpt])
     rows = _rows(Path(pred.trainer.log_dir) / "predictions.csv")
-    labels = [int(y) for _, y, _ in pred.datamodule.test_set]
+    test_set = pred.datamodule.test_set
+    labels = [int(test_set[i][1]) for i in range(len(test_set))]
     assert [int(r["label"]) for r in rows] == labels and all(0 <= int(r["prediction"]) < 12 for r in rows)
 
 
@@ -231,3 +233,34 @@ def test_last_checkpoint_follows_the_run_when_the_monitored_metric_stops_improvi
     trainer.fit(Constant(), data, data)
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6  # the end of the run
     assert torch.load(ckpt.best_model_path, weights_only=False)["global_step"] == 2  # the best (first) epoch
+
+
+def test_export_writes_the_weights_the_strategy_gathers(tmp_path: Path, monkeypatch) -> None:
+    """Under FSDP each rank holds a shard and only ``strategy.lightning_module_state_dict()`` (a collective
+    call) returns the whole model: the export must write that dict, not the rank's own module state. Here a
+    one-device strategy stands in for the gathering one and returns every weight plus one."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+    from safetensors.torch import load_file
+
+    from diffzoo.tasks.callbacks import RunSummary
+
+    class Gathering(SingleDeviceStrategy):
+        calls = 0
+
+        def lightning_module_state_dict(self):
+            Gathering.calls += 1
+            return {k: v + 1 for k, v in self.lightning_module.state_dict().items()}
+
+    monkeypatch.chdir(tmp_path)
+    cli = vit_recipe.cli_main(["fit", "--config", str(vit_config(tmp_path))], run=False)
+    summary = RunSummary()
+    trainer = pl.Trainer(strategy=Gathering(device="cpu"), max_steps=1, callbacks=[summary],
+                         logger=pl.loggers.CSVLogger(tmp_path / "logs"), enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, limit_val_batches=1)
+    trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert Gathering.calls == 1
+    exported = load_file(summary.summary["safetensors"])
+    own = cli.model.model.state_dict()
+    assert exported.keys() == own.keys()
+    assert all(torch.equal(exported[k], own[k] + 1) for k in own)

@@ -54,7 +54,12 @@ class BestAndLastCheckpoint(ModelCheckpoint):
     """A :class:`~lightning.pytorch.callbacks.ModelCheckpoint` whose ``last.ckpt`` is rewritten at every
     checkpointing point. Lightning 2.6 rewrites ``last.ckpt`` only when a top-k checkpoint was saved at the
     same step, so with ``save_top_k=1`` and a monitored metric that stopped improving, ``last.ckpt`` would
-    keep the best epoch's weights and a resume would restart from there."""
+    keep the best epoch's weights and a resume would restart from there. It also writes nothing under
+    ``fast_dev_run`` (Lightning 2.6 still saves ``last.ckpt`` when such a run ends)."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.fast_dev_run:
+            super().on_train_end(trainer, pl_module)
 
     def _refresh_last(self, trainer: pl.Trainer) -> None:
         # _should_skip_saving_checkpoint is true when this step was already saved (then last.ckpt was too)
@@ -76,6 +81,10 @@ class RunSummary(pl.Callback):
     """At the end of ``fit``: export safetensors weights, write ``summary.json``, print what the headline
     metric measures and where things are. A ``fast_dev_run`` writes nothing and says so.
 
+    The exported weights come from ``trainer.strategy.lightning_module_state_dict()``, which every rank
+    calls: under FSDP it gathers the sharded parameters into a full state dict, so the file holds the whole
+    model (not rank 0's shard); under DDP and on one device it is the module's own state dict.
+
     Args:
         export: write ``model.safetensors`` (and ``model_ema.safetensors`` when the task keeps an EMA).
         monitor: metric reported as the headline result.
@@ -86,11 +95,16 @@ class RunSummary(pl.Callback):
         self.monitor = monitor
         self.summary: dict[str, Any] = {}
 
-    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
-        """Write the trained weights under ``out``; returns ``{summary key: path}``."""
-        paths = {"safetensors": str(export_module(pl_module, out / "model.safetensors"))}
+    def export_weights(
+        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, torch.Tensor]] = None
+    ) -> dict[str, str]:
+        """Write the trained weights under ``out``; returns ``{summary key: path}``. ``state_dict`` is the
+        task's full state dict as the strategy gathered it (see :meth:`on_fit_end`)."""
+        paths = {"safetensors": str(export_module(pl_module, out / "model.safetensors", state_dict=state_dict))}
         if getattr(pl_module, "ema", None) is not None:
-            paths["safetensors_ema"] = str(export_module(pl_module, out / "model_ema.safetensors", use_ema=True))
+            paths["safetensors_ema"] = str(
+                export_module(pl_module, out / "model_ema.safetensors", use_ema=True, state_dict=state_dict)
+            )
         return paths
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
@@ -113,6 +127,9 @@ class RunSummary(pl.Callback):
                       "summary.json or metrics file)", flush=True)
             return
         out = Path(trainer.log_dir or trainer.default_root_dir)  # a collective call: every rank makes it
+        # The full weights, also a collective call: under FSDP every rank holds a shard and the strategy
+        # gathers them (to rank 0, on the CPU); under DDP or one device it is the module's own state dict.
+        state = trainer.strategy.lightning_module_state_dict() if self.export else None
         if not trainer.is_global_zero:
             return
         metrics = _scalars(trainer.callback_metrics)
@@ -132,7 +149,7 @@ class RunSummary(pl.Callback):
             "log_dir": str(out),
         }
         if self.export and hasattr(pl_module, "model"):
-            summary.update(self.export_weights(pl_module, out))
+            summary.update(self.export_weights(pl_module, out, state))
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         self.summary = summary

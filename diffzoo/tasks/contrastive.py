@@ -24,8 +24,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from .callbacks import RunSummary
+from .export import save_safetensors, submodule_state
 from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
-from .export import save_safetensors
 from .resume import RestoresRNG
 from .zeroshot import check_model_name, load_clip_weights, pair_retrieval, topk_hits, zero_shot_classifier
 
@@ -313,8 +313,11 @@ class ClipRunSummary(RunSummary):
     def __init__(self, export: bool = True, monitor: str = "val/zs_top1") -> None:
         super().__init__(export=export, monitor=monitor)
 
-    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
-        path = save_safetensors(pl_module.model.state_dict(), out / "model.safetensors", pl_module.hparams.get("model"),
+    def export_weights(
+        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+    ) -> dict[str, str]:
+        weights = submodule_state(state_dict, "model.") if state_dict is not None else pl_module.model.state_dict()
+        path = save_safetensors(weights, out / "model.safetensors", pl_module.hparams.get("model"),
                                 dict(pl_module.hparams.get("model_kwargs") or {}))
         return {"safetensors": str(path)}
 

@@ -19,8 +19,8 @@ from torchmetrics import MeanMetric
 
 from ..models.lm import LM_PRESETS, CausalLM, LMConfig
 from .callbacks import RunSummary
+from .export import save_safetensors, submodule_state
 from .optim import adamw_warmup_cosine, weight_decay_groups
-from .export import save_safetensors
 from .resume import RestoresRNG
 
 __all__ = ["LMRunSummary", "LanguageModelTask", "export_lm", "load_lm"]
@@ -124,9 +124,12 @@ class LanguageModelTask(RestoresRNG, pl.LightningModule):
                                    warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio)
 
 
-def export_lm(task: LanguageModelTask, path: Any) -> Path:
-    """Write the model's weights to safetensors (a tied output weight is stored once, as the embedding)."""
-    sd = task.model.state_dict()
+def export_lm(task: LanguageModelTask, path: Any, state_dict: Optional[dict[str, Tensor]] = None) -> Path:
+    """Write the model's weights to safetensors (a tied output weight is stored once, as the embedding).
+
+    ``state_dict``: the task's full state dict when its parameters are sharded (see :func:`export_module`).
+    """
+    sd = submodule_state(state_dict, "model.") if state_dict is not None else task.model.state_dict()
     if task.config.tie_embeddings:
         sd.pop("output.weight")
     args = {**LM_PRESETS[task.hparams["model"]], **(task.hparams.get("model_kwargs") or {})}
@@ -158,8 +161,10 @@ class LMRunSummary(RunSummary):
     def __init__(self, export: bool = True, monitor: str = "val/loss") -> None:
         super().__init__(export=export, monitor=monitor)
 
-    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
-        return {"safetensors": str(export_lm(pl_module, out / "model.safetensors"))}
+    def export_weights(
+        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+    ) -> dict[str, str]:
+        return {"safetensors": str(export_lm(pl_module, out / "model.safetensors", state_dict))}
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
         return f"diffzoo.tasks.load_lm({path!r})"
