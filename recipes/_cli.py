@@ -92,7 +92,9 @@ def quiet_lightning() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropAdvert) for f in logger.filters):
             logger.addFilter(_DropAdvert())
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
 
 
 def launch(

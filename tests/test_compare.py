@@ -143,7 +143,8 @@ def test_lm_and_speech_comparisons_share_the_study_command_line(tmp_path, monkey
 
     monkeypatch.setattr(lm_compare, "train_one", fake_train)
     monkeypatch.setattr(lm_compare, "evaluate", fake_evaluate)
-    runs = lm_compare.main(["--seeds", "0", "1", "--jobs", "2", "--retrieval-samples", "3", "--trainer.max_epochs", "1"])
+    runs = lm_compare.main(["--seeds", "0", "1", "--jobs", "2", "--retrieval-samples", "3",
+                            "--trainer.max_epochs", "1"])
     assert sorted((a, s) for a, s, _ in seen) == [("diff", 0), ("diff", 1), ("softmax", 0), ("softmax", 1)]
     assert all(extra == ["--trainer.max_epochs", "1"] for _, _, extra in seen)
     assert [r["retrieval"][0]["samples"] for r in runs] == [3, 3, 3, 3]

@@ -306,8 +306,8 @@ class RunCurves(pl.Callback):
             return
         log_dir = trainer.log_dir  # a collective call: every rank makes it
         try:
-            from lightning.pytorch.loggers import TensorBoardLogger
             import tensorboard  # noqa: F401
+            from lightning.pytorch.loggers import TensorBoardLogger
         except ImportError:
             if trainer.is_global_zero:
                 print("TensorBoard logging skipped: the tensorboard package is not installed "
@@ -359,11 +359,11 @@ def draw_curves(
     fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.3), dpi=90, squeeze=False)
     ax = axes[0, 0]
     if steps:
-        ax.plot(*zip(*steps), color="0.6", lw=0.8, label="train (step)")
+        ax.plot([s for s, _ in steps], [v for _, v in steps], color="0.6", lw=0.8, label="train (step)")
     for key, style in (("train/loss_epoch", "o-"), ("val/loss", "s-")):
         pts = [(s, m[key]) for s, m in epochs if key in m]
         if pts:
-            ax.plot(*zip(*pts), style, label=key.removesuffix("_epoch"))
+            ax.plot([s for s, _ in pts], [v for _, v in pts], style, label=key.removesuffix("_epoch"))
     ax.set(xlabel="optimizer step", ylabel="loss", title="loss")
     ax.legend(fontsize=7)
     col = 1
@@ -372,7 +372,7 @@ def draw_curves(
         col += 1
         for key in metric_keys:
             pts = [(s, m[key]) for s, m in epochs if key in m]
-            ax.plot(*zip(*pts), "o-", label=key)
+            ax.plot([s for s, _ in pts], [v for _, v in pts], "o-", label=key)
         ax.set(xlabel="optimizer step", title="validation metrics")
         ax.legend(fontsize=7)
     if lambdas_end:

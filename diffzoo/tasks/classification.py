@@ -205,17 +205,22 @@ class ImageClassificationTask(RestoresRNG, pl.LightningModule):
         )
 
 
+def count_of(dataset: Any, noun: str, prep: str = "on") -> str:
+    """``" on 1,000 MNIST digits"`` for a sized ``dataset``; ``f" {prep} {noun}"`` without a length; ``""``
+    without a dataset."""
+    if dataset is None:
+        return ""
+    try:
+        return f" {prep} {len(dataset):,} {noun}"
+    except TypeError:  # a stream (shards) has no length
+        return f" {prep} {noun}"
+
+
 def describe_split(datamodule: Any, stage: str) -> str:
-    """``" on 1000 MNIST digits"``: the size of a DataModule's ``val``/``test``/``predict`` data and its
-    ``data_name`` (empty when unknown)."""
+    """``" on 1,000 MNIST digits"``: the size of a DataModule's ``val``/``test``/``predict`` data and its
+    ``data_name`` (empty when it has none)."""
     name = getattr(datamodule, "data_name", None)
     if not name:
         return ""
     dataset = getattr(datamodule, {"val": "val_set"}.get(stage, "test_set"), None)
-    if dataset is None:
-        dataset = getattr(datamodule, "val_set", None)
-    try:
-        n = f"{len(dataset):,} "
-    except TypeError:
-        n = ""
-    return f" on {n}{name}"
+    return count_of(dataset if dataset is not None else getattr(datamodule, "val_set", None), name)

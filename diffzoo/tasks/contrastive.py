@@ -24,6 +24,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from .callbacks import RunSummary
+from .classification import count_of
 from .export import save_safetensors, submodule_state
 from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
 from .resume import RestoresRNG
@@ -263,17 +264,13 @@ class ContrastiveTask(RestoresRNG, pl.LightningModule):
         data = getattr(datamodule, "data_name", None)
         if name.startswith("zs_top"):
             n = len(getattr(datamodule, "zeroshot_classnames", None) or [])
-            zs_set = getattr(datamodule, "zeroshot_set", None) or getattr(datamodule, "test_set", None)
-            where = f" on {len(zs_set):,} {data or 'images'}" if zs_set is not None else ""
-            return f"{n}-class zero-shot {split} top-{name[6:]}{where}"
+            zs_set = getattr(datamodule, "zeroshot_set", None)
+            zs_set = zs_set if zs_set is not None else getattr(datamodule, "test_set", None)
+            return f"{n}-class zero-shot {split} top-{name[6:]}{count_of(zs_set, data or 'images')}"
         if name[:5] in ("i2t_r", "t2i_r"):
             what = "image-to-text" if name.startswith("i2t") else "text-to-image"
-            pairs = getattr(datamodule, "val_set", None)
-            try:
-                where = f" over {len(pairs):,} {data or 'image-text'} pairs"
-            except TypeError:
-                where = ""
-            return f"{what} {split} retrieval recall@{name[5:]}{where}"
+            pairs = count_of(getattr(datamodule, "val_set", None), f"{data or 'image-text'} pairs", "over")
+            return f"{what} {split} retrieval recall@{name[5:]}{pairs}"
         return None
 
     def _gather_cat(self, t: Tensor) -> Tensor:

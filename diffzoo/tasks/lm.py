@@ -170,7 +170,8 @@ class LMRunSummary(RunSummary):
         return f"diffzoo.tasks.load_lm({path!r})"
 
     def extra_fields(self, pl_module: pl.LightningModule) -> dict[str, Any]:
-        return {"attn": pl_module.hparams.get("attn"), "parameters": sum(p.numel() for p in pl_module.model.parameters())}
+        params = sum(p.numel() for p in pl_module.model.parameters())
+        return {"attn": pl_module.hparams.get("attn"), "parameters": params}
 
     def headline(self, value: Optional[float], description: Optional[str]) -> str:
         shown = f"{value:.4f} (perplexity {math.exp(value):.2f})" if value is not None else "not measured"
