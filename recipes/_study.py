@@ -3,6 +3,7 @@ several at a time, and reading a finished run's summary and curves back from its
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import subprocess
@@ -75,14 +76,25 @@ def run_jobs(jobs: Sequence, run: Callable, parallel: int, on_result: Callable[[
 
 def compare_main(
     argv: Sequence[str] | None, doc: str, out: Path, models: Sequence[str], run_one: Callable[..., dict],
-    count_params: Callable[[str], int], table: Callable[[list], str], plot: Callable[[list, Path], None],
+    count_params: Callable[[str], int] | None, table: Callable[[list], str], plot: Callable[[list, Path], None],
+    *,
+    prepare: Callable[[], None] | None = None,
+    collect: Callable[[str, int], dict] | None = None,
+    evaluate: Callable[[dict, argparse.Namespace], dict] | None = None,
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> list[dict]:
-    """The command line of a comparison: ``--seeds``, ``--models`` (default ``models``), ``--jobs``,
+    """The command line of every comparison: ``--seeds``, ``--models`` (default ``models``), ``--jobs``,
     ``--plot``, ``--from-results``; other arguments go to every training. Trains every (seed, model) with
     ``run_one(model, seed, extra)``, prints ``table(runs)`` and draws ``plot(runs, path)``.
     ``out/results.json`` keeps the runs of other (model, seed) pairs from earlier calls, so a model can
-    be added to a finished comparison."""
-    import argparse
+    be added to a finished comparison.
+
+    Optional parts of a comparison: ``prepare()`` runs once before the trainings (e.g. a data cache that
+    parallel runs then share); ``collect(model, seed)`` reads a finished run from its folder and adds
+    ``--collect`` (train nothing, gather runs made in parts); ``evaluate(run, args)`` scores each trained
+    run once more (e.g. retrieval) and adds ``--evaluate-only`` (train nothing, re-score the runs in
+    results.json); ``add_arguments(parser)`` adds the flags those need. ``count_params`` None: the table
+    reads the parameter count from each run's summary."""
     import statistics
 
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,22 +103,51 @@ def compare_main(
     p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time (one thread each)")
     p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
     p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
+    if collect is not None:
+        p.add_argument("--collect", action="store_true",
+                       help="train nothing: gather the finished runs of --seeds / --models from their folders")
+    if evaluate is not None:
+        p.add_argument("--evaluate-only", action="store_true",
+                       help="train nothing: evaluate the runs in results.json again")
+    if add_arguments is not None:
+        add_arguments(p)
     args, extra = p.parse_known_args(argv)
     results = out / "results.json"
+    previous = json.loads(results.read_text()) if results.is_file() else []
+    params = {m: count_params(m) for m in args.models} if count_params is not None and not args.from_results else {}
+
+    def with_params(run: dict) -> dict:
+        return {**run, "params": params[run["model"]]} if run["model"] in params else run
+
+    if (args.from_results or getattr(args, "evaluate_only", False)) and not results.is_file():
+        p.error(f"{results} does not exist; run without --from-results / --evaluate-only first")
     if args.from_results:
-        if not results.is_file():
-            p.error(f"{results} does not exist; run without --from-results first")
-        runs = json.loads(results.read_text())
+        runs = previous
+    elif getattr(args, "evaluate_only", False):
+        runs = previous
+        for i, run in enumerate(runs):
+            runs[i] = evaluate(run, args)
+            results.write_text(json.dumps(runs, indent=1))
     else:
-        params = {m: count_params(m) for m in args.models}
         out.mkdir(parents=True, exist_ok=True)
         jobs = [(m, s) for s in args.seeds for m in args.models]
-        kept = [r for r in (json.loads(results.read_text()) if results.is_file() else [])
-                if (r["model"], r["seed"]) not in jobs]
-        runs = kept + run_jobs(jobs, lambda job: {**run_one(*job, extra), "params": params[job[0]]}, args.jobs,
-                               lambda done: results.write_text(json.dumps(kept + done, indent=1)))
+        kept = [r for r in previous if (r.get("model", r.get("attn")), r["seed"]) not in jobs]  # older LM runs: "attn"
+        if getattr(args, "collect", False):
+            seconds = {(r["model"], r["seed"]): r.get("seconds", float("nan")) for r in previous}
+            done = [with_params({**collect(m, s), "seconds": seconds.get((m, s), float("nan"))}) for m, s in jobs]
+        else:
+            if prepare is not None:
+                prepare()
+
+            def one(job: tuple[str, int]) -> dict:
+                run = with_params(run_one(*job, extra))
+                return evaluate(run, args) if evaluate is not None else run
+
+            done = run_jobs(jobs, one, args.jobs, lambda d: results.write_text(json.dumps(kept + d, indent=1)))
+        runs = kept + done
+        results.write_text(json.dumps(runs, indent=1))
     print(table(runs))
-    print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
+    print(f"wall time per run: {statistics.mean(r.get('seconds', float('nan')) for r in runs):.0f} s")
     if args.plot:
         plot(runs, args.plot)
         print(f"curves: {args.plot}")

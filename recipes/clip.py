@@ -27,7 +27,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks.contrastive import ClipRunSummary, ContrastiveTask
-from recipes._cli import add_checkpoint_args, launch
+from recipes._cli import add_run_callbacks, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "clip_digits.yaml"
@@ -38,8 +38,7 @@ class ClipCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.model", "data.init_args.model", apply_on="parse")
-        add_checkpoint_args(parser, save_top_k=1)
-        parser.add_lightning_class_args(ClipRunSummary, "summary")
+        add_run_callbacks(parser, ClipRunSummary, monitor="val/zs_top1", mode="max")
 
 
 def cli_main(args: Optional[list[str]] = None, run: bool = True) -> ClipCLI:

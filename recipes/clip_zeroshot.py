@@ -70,8 +70,11 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         raise FileNotFoundError(f"--classnames {args.classnames}: no such file")
     model_name = args.model
     if model_name is None:
-        if args.checkpoint is None or not (model_name := checkpoint_model_name(args.checkpoint)):
-            raise ValueError("--model is required (the checkpoint does not name its model)")
+        if args.checkpoint is None:
+            raise ValueError("--model is required without --checkpoint: name an open_clip model, "
+                             "e.g. --model DiffCLIP-nano")
+        if not (model_name := checkpoint_model_name(args.checkpoint)):
+            raise ValueError(f"--checkpoint {args.checkpoint} does not name its model: add --model NAME")
     check_model_name(model_name)
     device = _device(args.device)
     model, preprocess, tokenizer = load_clip(model_name, args.pretrained, args.checkpoint, device=device)

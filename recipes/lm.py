@@ -26,7 +26,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.data.text import TextDataModule
 from diffzoo.tasks.lm import LanguageModelTask, LMRunSummary
-from recipes._cli import add_checkpoint_args, launch
+from recipes._cli import add_run_callbacks, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "lm_pydoc.yaml"
@@ -37,8 +37,7 @@ class LMCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-        add_checkpoint_args(parser, save_top_k=1, monitor="val/loss", every_n_epochs=1)
-        parser.add_lightning_class_args(LMRunSummary, "summary")
+        add_run_callbacks(parser, LMRunSummary, monitor="val/loss", mode="min")
 
 
 def cli_main(args: Optional[list[str]] = None, run: bool = True) -> LMCLI:

@@ -1,6 +1,6 @@
 """Differential vs softmax causal LM at matched parameters on the embedded corpus, several seeds.
 
-    OMP_NUM_THREADS=1 python -m recipes.lm_compare --seeds 0 1 2 --parallel 2 [--plot docs/results/lm_curves.png]
+    OMP_NUM_THREADS=1 python -m recipes.lm_compare --seeds 0 1 2 --jobs 2 [--plot docs/results/lm_curves.png]
 
 Each run is ``python -m recipes.lm`` with the default config (``configs/lm_pydoc.yaml``: ``lm_tiny``,
 byte tokens, half of the training windows retrieval contexts), once with ``--model.attn diff`` and once
@@ -8,18 +8,20 @@ with ``--model.attn softmax`` per seed (the seed sets the initialisation and the
 validation split is fixed). Each trained model is then evaluated on key-information retrieval
 (:func:`recipes.lm_retrieval.evaluate`) with contexts cut from the held-out split. Runs go to
 ``outputs/lm_compare/<attn>_seed<k>/``; the tables (mean, sample standard deviation, per seed) are
-printed as markdown and everything is saved in ``outputs/lm_compare/results.json``.
+printed as markdown and everything is saved in ``outputs/lm_compare/results.json``. The command line is
+the one of every comparison (``recipes._study.compare_main``): ``--models diff`` trains one attention,
+``--evaluate-only`` re-runs the retrieval evaluation of the saved runs, ``--retrieval-samples`` sets its
+contexts per cell; other arguments go to every ``recipes.lm`` run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-from recipes._study import read_run, recipe_command, run_jobs, train
+from recipes._study import compare_main, read_run, recipe_command, train
 
 ATTNS = ("diff", "softmax")
 OUT = Path("outputs/lm_compare")
@@ -31,7 +33,28 @@ def train_one(attn: str, seed: int, extra: list[str]) -> dict:
     args = ["--model.attn", attn, "--seed_everything", str(seed), "--data.seed", str(seed), *extra]
     seconds = train(recipe_command("recipes.lm", OUT, name, args), OUT / f"{name}.log")
     run = read_run(OUT / name, ("val/loss", "train/loss_step"), steps=True)
-    return {"attn": attn, "seed": seed, "seconds": seconds, **run}
+    return {"model": attn, "attn": attn, "seed": seed, "seconds": seconds, **run}
+
+
+def evaluate(run: dict, args: argparse.Namespace) -> dict:
+    """Key-information retrieval of one trained run's exported weights (added as ``run["retrieval"]``)."""
+    from recipes.lm_retrieval import evaluate_weights
+
+    start = time.time()
+    rows = evaluate_weights(run["summary"]["safetensors"], samples=args.retrieval_samples)
+    return {**run, "retrieval": rows, "retrieval_seconds": time.time() - start}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--retrieval-samples", type=int, default=8, help="contexts per (length, needles, depth) cell")
+
+
+def tables(runs: list[dict]) -> str:
+    """The loss table and the retrieval tables by length, needle count and depth."""
+    parts = [loss_table(runs)]
+    for key in ("length", "needles", "depth"):
+        parts.append(f"\nretrieval accuracy % by {key}\n" + retrieval_table(runs, key))
+    return "\n".join(parts)
 
 
 def _stats(values: list[float]) -> str:
@@ -114,38 +137,9 @@ def plot(runs: list[dict], path: Path) -> None:
     fig.savefig(path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--parallel", type=int, default=1, help="training processes at once (one thread each)")
-    p.add_argument("--plot", type=Path, default=None, help="write the curves here (PNG)")
-    p.add_argument("--skip-train", action="store_true", help="reuse the runs in results.json, redo the retrieval eval")
-    p.add_argument("--from-results", action="store_true", help="only re-make the tables/plot from results.json")
-    p.add_argument("--retrieval-samples", type=int, default=8, help="contexts per (length, needles, depth) cell")
-    args, extra = p.parse_known_args(argv)
-    results = OUT / "results.json"
-    OUT.mkdir(parents=True, exist_ok=True)
-    if args.from_results or args.skip_train:
-        runs = json.loads(results.read_text())
-    else:
-        jobs = [(attn, seed) for seed in args.seeds for attn in ATTNS]
-        runs = run_jobs(jobs, lambda job: train_one(*job, extra), args.parallel)
-        results.write_text(json.dumps(runs, indent=1))
-    if not args.from_results:
-        from recipes.lm_retrieval import evaluate_weights
-
-        for r in runs:
-            start = time.time()
-            r["retrieval"] = evaluate_weights(r["summary"]["safetensors"], samples=args.retrieval_samples)
-            r["retrieval_seconds"] = time.time() - start
-            results.write_text(json.dumps(runs, indent=1))
-    print(loss_table(runs))
-    for key in ("length", "needles", "depth"):
-        print(f"\nretrieval accuracy % by {key}\n" + retrieval_table(runs, key))
-    print(f"\ntraining wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
-    if args.plot:
-        plot(runs, args.plot)
-        print(f"plot: {args.plot}")
+def main(argv: list[str] | None = None) -> list[dict]:
+    return compare_main(argv, __doc__, OUT, ATTNS, train_one, None, tables, plot, evaluate=evaluate,
+                        add_arguments=add_arguments)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks.callbacks import RunSummary
 from diffzoo.tasks.speech import SpeechClassificationTask
-from recipes._cli import add_checkpoint_args, launch
+from recipes._cli import add_run_callbacks, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "speech_synth.yaml"
@@ -38,13 +38,12 @@ class SpeechCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        add_checkpoint_args(parser, save_top_k=1)
-        parser.add_lightning_class_args(RunSummary, "summary")
+        add_run_callbacks(parser, RunSummary, monitor="val/top1", mode="max")
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="score the test split with the final weights after fit (added to summary.json)")
 
     def after_fit(self) -> None:
-        if not self.config["fit"].get("test_after_fit", True) or self.trainer.interrupted:
+        if not self.config["fit"].get("test_after_fit", True) or self.trainer.interrupted or self.trainer.fast_dev_run:
             return
         if type(self.datamodule).test_dataloader is pl.LightningDataModule.test_dataloader:
             return  # the data has no test split

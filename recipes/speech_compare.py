@@ -9,19 +9,16 @@ training order and the training augmentation; the voices, clips and evaluation n
 ``split_seed``). ``--jobs`` runs that many trainings at once. Runs go to ``outputs/speech_compare/<model>_seed<k>/``;
 the markdown table (test and validation top-1 on voices unseen in training: mean, sample standard
 deviation, min-max) is printed and saved with the curves in ``outputs/speech_compare/results.json``.
-Extra arguments go to every run (e.g. ``--trainer.max_epochs 6``).
+Extra arguments go to every run (e.g. ``--trainer.max_epochs 6``); the command line is the one of every
+comparison (``recipes._study.compare_main``), with ``--collect`` to gather runs made in parts.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import resource
 import statistics
-import time
 from pathlib import Path
 
-from recipes._study import read_run, recipe_command, run_jobs, train
+from recipes._study import compare_main, read_run, recipe_command, train
 
 MODELS = ("diffkwt_nano", "softkwt_nano")
 OUT = Path("outputs/speech_compare")
@@ -39,20 +36,29 @@ def collect(model: str, seed: int) -> dict:
     return {"model": model, "seed": seed, **read_run(OUT / f"{model}_seed{seed}", CURVES)}
 
 
-def run_all(seeds: list[int], extra: list[str], jobs: int) -> list[dict]:
-    """Train every (seed, model) pair, ``jobs`` at a time, each in a fresh process."""
+def run_one(model: str, seed: int, extra: list[str]) -> dict:
+    """Train one model with one seed in a fresh process; returns its summary and per-epoch curves."""
+    seconds = train(command(model, seed, extra), OUT / f"{model}_seed{seed}.log")
+    r = {**collect(model, seed), "seconds": seconds}
+    print(f"done: {model} seed {seed}: test top-1 {100 * r['summary']['metrics'].get('test/top1', float('nan')):.2f} %"
+          f" ({seconds:.0f} s)", flush=True)
+    return r
 
-    def one(job: tuple[str, int]) -> dict:
-        m, s = job
-        seconds = train(command(m, s, extra), OUT / f"{m}_seed{s}.log")
-        r = {**collect(m, s), "seconds": seconds}
-        print(f"done: {m} seed {s}: test top-1 {100 * r['summary']['metrics'].get('test/top1', float('nan')):.2f} %"
-              f" ({seconds:.0f} s)", flush=True)
-        return r
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    return run_jobs([(m, s) for s in seeds for m in MODELS], one, jobs,
-                    lambda done: (OUT / "results.json").write_text(json.dumps(done, indent=1)))
+def prepare() -> None:
+    """Synthesise the clip cache once, before parallel runs read it."""
+    from diffzoo.data.speech import SynthKeywordsDataModule
+
+    SynthKeywordsDataModule().prepare_data()
+
+
+def count_params(model: str) -> int:
+    import timm
+
+    import diffzoo.models.speech  # noqa: F401  (registers the models)
+    from diffzoo.layers import count_parameters
+
+    return count_parameters(timm.create_model(model))
 
 
 def table(runs: list[dict]) -> str:
@@ -104,56 +110,9 @@ def plot(runs: list[dict], path: Path) -> None:
     fig.savefig(path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--jobs", type=int, default=1, help="trainings run at the same time")
-    p.add_argument("--plot", type=Path, default=None, help="write the training curves here (PNG)")
-    p.add_argument("--from-results", action="store_true", help="only re-make the table/plot from results.json")
-    p.add_argument("--collect", action="store_true",
-                   help="train nothing: gather the finished runs of --seeds from their folders (runs made in parts)")
-    args, extra = p.parse_known_args(argv)
-    OUT.mkdir(parents=True, exist_ok=True)
-    if args.from_results:
-        runs = json.loads((OUT / "results.json").read_text())
-    elif args.collect:
-        import timm
-
-        import diffzoo.models.speech  # noqa: F401
-        from diffzoo.layers import count_parameters
-
-        # wall times of earlier invocations (results.json, or copies of it named results_*.json)
-        previous = {(r["model"], r["seed"]): r for f in sorted(OUT.glob("results*.json"))
-                    for r in json.loads(f.read_text())}
-        runs = []
-        for seed in args.seeds:
-            for model in MODELS:
-                r = collect(model, seed)
-                r["seconds"] = previous.get((model, seed), {}).get("seconds", float("nan"))
-                r["params"] = count_parameters(timm.create_model(model))
-                runs.append(r)
-        (OUT / "results.json").write_text(json.dumps(runs, indent=1))
-    else:
-        import timm
-
-        import diffzoo.models.speech  # noqa: F401  (registers the models)
-        from diffzoo.data.speech import SynthKeywordsDataModule
-        from diffzoo.layers import count_parameters
-
-        SynthKeywordsDataModule().prepare_data()  # synthesise the cache once, before parallel runs read it
-        params = {m: count_parameters(timm.create_model(m)) for m in MODELS}
-        start = time.time()
-        runs = run_all(args.seeds, extra, args.jobs)
-        for r in runs:
-            r["params"] = params[r["model"]]
-        cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-        print(f"study wall time {time.time() - start:.0f} s, CPU time of the runs {cpu.ru_utime + cpu.ru_stime:.0f} s")
-        (OUT / "results.json").write_text(json.dumps(runs, indent=1))
-    print(table(runs))
-    print(f"wall time per run: {statistics.mean(r['seconds'] for r in runs):.0f} s")
-    if args.plot:
-        plot(runs, args.plot)
-        print(f"curves: {args.plot}")
+def main(argv: list[str] | None = None) -> list[dict]:
+    return compare_main(argv, __doc__, OUT, MODELS, run_one, count_params, table, plot, prepare=prepare,
+                        collect=collect)
 
 
 if __name__ == "__main__":

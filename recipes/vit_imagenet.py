@@ -27,7 +27,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks import ImageClassificationTask
 from diffzoo.tasks.callbacks import RunSummary
-from recipes._cli import add_checkpoint_args, launch
+from recipes._cli import add_run_callbacks, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "vit_digits.yaml"
@@ -40,9 +40,7 @@ class VitCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_chans", "model.in_chans", apply_on="instantiate")
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
-        # keep one checkpoint per epoch (configs for long runs lower save_top_k)
-        add_checkpoint_args(parser, save_top_k=-1, every_n_epochs=1)
-        parser.add_lightning_class_args(RunSummary, "summary")
+        add_run_callbacks(parser, RunSummary, monitor="val/top1", mode="max")
 
 
 def cli_main(args: Optional[list[str]] = None, run: bool = True) -> VitCLI:

@@ -112,6 +112,12 @@ def test_clip_zeroshot_errors(tiny: str, tmp_path: Path, capsys) -> None:
     (tmp_path / "in" / "n01440764").mkdir(parents=True)
     assert "1 class folders" in error(["--model", tiny, "--imagenet-dir", str(tmp_path / "in")])
     assert "nothing to evaluate" in error(["--model", tiny])
+    no_model = error(["--embedded"])
+    assert "--model is required without --checkpoint" in no_model and "checkpoint does not name" not in no_model
+    state = tmp_path / "bare.pt"
+    torch.save({"visual.proj": torch.zeros(1)}, state)
+    assert f"--checkpoint {state} does not name its model: add --model NAME" in error(["--checkpoint", str(state),
+                                                                                       "--embedded"])
 
 
 def test_shard_config_trains_and_scores_folder_and_shards(tiny: str, tmp_path: Path, monkeypatch) -> None:

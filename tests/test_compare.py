@@ -130,3 +130,44 @@ def test_compare_main_adds_a_model_and_keeps_earlier_runs(tmp_path, capsys):
         ("a", 0, "old"), ("a", 1, "old"), ("b", 0, "old"), ("b", 1, "new"), ("c", 1, "new")}
     assert len(runs) == 5 and all(r["params"] == 7 for r in runs if r.get("tag") is None)
     assert "c:1:new" in capsys.readouterr().out
+
+
+def test_lm_and_speech_comparisons_share_the_study_command_line(tmp_path, monkeypatch):
+    """--jobs, --models and --from-results of recipes._study.compare_main; the LM's retrieval evaluation runs
+    after each training and again with --evaluate-only; unknown flags go to every training."""
+    import recipes.lm_compare as lm_compare
+    import recipes.speech_compare as speech_compare
+
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    def fake_train(attn, seed, extra):
+        seen.append((attn, seed, extra))
+        return {"model": attn, "attn": attn, "seed": seed, "seconds": 1.0, "curves": {"val/loss": [[1, 2.0]]},
+                "summary": {"parameters": 10, "metrics": {"val/loss": 2.0 + seed, "val/ppl": 7.0},
+                            "safetensors": f"{attn}{seed}.safetensors"}}
+
+    def fake_evaluate(run, args):
+        row = {"length": 64, "needles": 1, "depth": 0.5, "n": 2, "correct": 1, "score_answer": 0.5,
+               "score_noise": 0.1, "samples": args.retrieval_samples}
+        return {**run, "retrieval": [row]}
+
+    monkeypatch.setattr(lm_compare, "train_one", fake_train)
+    monkeypatch.setattr(lm_compare, "evaluate", fake_evaluate)
+    runs = lm_compare.main(["--seeds", "0", "1", "--jobs", "2", "--retrieval-samples", "3",
+                            "--trainer.max_epochs", "1"])
+    assert sorted((a, s) for a, s, _ in seen) == [("diff", 0), ("diff", 1), ("softmax", 0), ("softmax", 1)]
+    assert all(extra == ["--trainer.max_epochs", "1"] for _, _, extra in seen)
+    assert [r["retrieval"][0]["samples"] for r in runs] == [3, 3, 3, 3]
+    saved = json.loads((tmp_path / "outputs/lm_compare/results.json").read_text())
+    assert {(r["attn"], r["seed"]) for r in saved} == {("diff", 0), ("diff", 1), ("softmax", 0), ("softmax", 1)}
+    again = lm_compare.main(["--evaluate-only", "--retrieval-samples", "5"])
+    assert len(seen) == 4 and [r["retrieval"][0]["samples"] for r in again] == [5, 5, 5, 5]
+
+    monkeypatch.setattr(speech_compare, "run_one", lambda m, s, extra: {
+        "model": m, "seed": s, "seconds": 2.0, "curves": {},
+        "summary": {"metrics": {"test/top1": 0.5, "val/top1": 0.6}}})
+    monkeypatch.setattr(speech_compare, "prepare", lambda: None)
+    monkeypatch.setattr(speech_compare, "count_params", lambda m: 123)
+    runs = speech_compare.main(["--seeds", "0", "--models", "diffkwt_nano", "--jobs", "2"])
+    assert [(r["model"], r["params"]) for r in runs] == [("diffkwt_nano", 123)]

@@ -170,13 +170,17 @@ def test_shards_split_by_node_and_worker(tmp_path: Path, monkeypatch) -> None:
         items = list(loader)
         assert len(items) == 10
         seen[rank] = items
-    # one-pass validation: each rank reads its own shards once; together they read everything once
+    # one-pass validation: each rank reads its own shards once (webdataset's split_by_node, which reads the
+    # rank from RANK / WORLD_SIZE or torch.distributed, then split_by_worker); together they read everything once
     keys = []
     for rank in (0, 1):
-        monkeypatch.setattr(shards_mod, "_rank_world", lambda r=rank: (r, 2))
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
         ds = ShardImageDataset(paths, transform=lambda im: 0, shuffle=False)
-        keys.append([lbl for _, lbl in DataLoader(ds, batch_size=None, num_workers=2)])
-    assert len(keys[0]) == len(keys[1]) == 10
+        monkeypatch.setattr(shards_mod.ShardImageDataset, "_pass", lambda self, shards: iter([(s, 0) for s in shards]))
+        keys.append(sorted(s for s, _ in DataLoader(ds, batch_size=None, num_workers=2)))
+        monkeypatch.undo()
+    assert keys == [sorted(paths[0::2]), sorted(paths[1::2])]
 
 
 def test_shard_slices_are_disjoint(tmp_path: Path, monkeypatch) -> None:

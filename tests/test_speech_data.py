@@ -136,6 +136,10 @@ def test_colored_noise_and_mixing() -> None:
     mixed = synth.mix_noise(signal, white, snr_db=10.0)
     snr = 10 * math.log10(signal.pow(2).mean() / (mixed - signal).pow(2).mean())
     assert snr == pytest.approx(10.0, abs=1e-3)
+    # the scale is torchaudio's (SNR from the energies); a silent noise segment adds nothing instead of NaN
+    expected = signal + white * (signal.pow(2).mean() / white.pow(2).mean()).sqrt() * 10 ** (-10.0 / 20)
+    assert torch.allclose(mixed, expected, atol=1e-6)
+    assert torch.equal(synth.mix_noise(signal, torch.zeros(16000), snr_db=10.0), signal)
 
 
 # -- reading audio --------------------------------------------------------------------------------

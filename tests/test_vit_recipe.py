@@ -172,3 +172,5 @@ def test_ddp_two_cpu_processes(tmp_path: Path) -> None:
     summary = json.loads(next(tmp_path.glob("outputs/vit_imagenet/version_*/summary.json")).read_text())
     assert summary["global_step"] == 2  # 200 digits over 2 processes, 50 per batch
     assert "val/top1" in summary["metrics"]
+    assert "sync_dist=True" not in proc.stderr  # every epoch-level value is reduced over the processes
+    assert summary["metrics"]["train/loss_epoch"] > 0

@@ -293,6 +293,7 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
     combinations); the second validation loader gives ``(images, labels)`` over the held-out pairs, to be
     scored zero-shot against :attr:`zeroshot_classnames` with :attr:`zeroshot_templates`.
     :attr:`zeroshot_hard_negative` maps each class to its colour-swapped class (binding test).
+    ``test`` scores the same two loaders; ``predict`` classifies the held-out-pair images zero-shot.
 
     Args:
         model: open_clip model name; gives the tokenizer, input size and normalisation.
@@ -325,6 +326,7 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         self.zeroshot_classnames, index = digit_classes()
         self.zeroshot_templates = list(CAPTION_TEMPLATES)
         self.zeroshot_hard_negative = torch.tensor([index[(d, b, f)] for (d, f, b) in index], dtype=torch.long)
+        self.data_name = "coloured MNIST digits"
         self.train_set: Optional[ColoredDigits] = None
         self.val_set: Optional[ColoredDigits] = None
         self.test_set: Optional[ColoredDigits] = None
@@ -358,6 +360,12 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
             DataLoader(self.val_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers),
             DataLoader(self.test_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers),
         ]
+
+    test_dataloader = val_dataloader
+
+    def predict_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(self.test_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
 
 
 # -- image-text shards ----------------------------------------------------------------------------
@@ -553,6 +561,8 @@ class ImageTextShardDataModule(pl.LightningDataModule):
         seed: seed of the shard and sample order.
         shuffle_buffer: sample shuffle buffer per worker.
         image_size: model input size; default from the model's open_clip config.
+
+    ``test`` scores the validation loaders; ``predict`` classifies the zero-shot folder.
     """
 
     def __init__(
@@ -631,3 +641,11 @@ class ImageTextShardDataModule(pl.LightningDataModule):
                 sampler=epoch_sampler(self.zeroshot_set, hp.seed, shuffle=False),
             ))
         return loaders
+
+    test_dataloader = val_dataloader
+
+    def predict_dataloader(self) -> DataLoader:
+        """The zero-shot folder (classified zero-shot by ``predict``)."""
+        if self.zeroshot_set is None:
+            raise ValueError("predict classifies the zero-shot folder: set --data.init_args.zeroshot_dir")
+        return self.val_dataloader()[-1]

@@ -3,7 +3,9 @@
 Every training loader draws its order from a ``DistributedSampler`` seeded by ``seed`` and the epoch
 (with one replica when not distributed), so a run resumed from an epoch checkpoint sees exactly the
 batches the uninterrupted run would have seen. Each DataModule exposes ``num_classes``, ``in_chans`` and
-``img_size`` (linked to the model by the recipes) and ``num_bad`` (skipped unreadable samples).
+``img_size`` (linked to the model by the recipes), ``num_bad`` (skipped unreadable samples) and
+``data_name`` (what a sample is, for the run summary). ``test`` and ``predict`` read the evaluation split
+(``test_dir`` / ``test_shards`` when given, else the validation data).
 """
 
 from __future__ import annotations
@@ -86,11 +88,14 @@ class DigitsDataModule(pl.LightningDataModule):
         split_seed: seed of the train/validation split (kept fixed across runs being compared).
         limit: use only the first ``limit`` digits (tests).
         augment: random shifts of up to 2 pixels during training.
+
+    The digits have no third split: ``test`` and ``predict`` score the held-out validation digits.
     """
 
     num_classes = 10
     in_chans = 1
     img_size = 28
+    data_name = "MNIST digits"
 
     def __init__(
         self,
@@ -135,6 +140,9 @@ class DigitsDataModule(pl.LightningDataModule):
         hp = self.hparams
         return DataLoader(self.val_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
 
+    test_dataloader = val_dataloader
+    predict_dataloader = val_dataloader
+
 
 def _shift_collate(batch: list) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack ``(image, label)`` pairs and shift each image by up to 2 pixels (zero padding)."""
@@ -178,10 +186,20 @@ class _TimmImageDataModule(pl.LightningDataModule):
             img_size, is_training=False, interpolation=interpolation, crop_pct=crop_pct, mean=mean, std=std,
         )
 
+    data_name = "images"
+    test_set = None
+
     @property
     def num_bad(self) -> int:
         """Unreadable images / corrupt shard entries skipped so far in this process."""
-        return sum(getattr(ds, "num_bad", 0) for ds in (self.train_set, self.val_set) if ds is not None)
+        sets = (self.train_set, self.val_set, self.test_set)
+        return sum(getattr(ds, "num_bad", 0) for ds in sets if ds is not None)
+
+    def test_dataloader(self) -> DataLoader:
+        """The test split when one is configured, else the validation split."""
+        return self._eval_loader(self.test_set if self.test_set is not None else self.val_set)
+
+    predict_dataloader = test_dataloader
 
 
 class ImageFolderDataModule(_TimmImageDataModule):
@@ -190,6 +208,7 @@ class ImageFolderDataModule(_TimmImageDataModule):
     Args:
         data_dir: root holding the split folders.
         train_dir, val_dir: split folder names.
+        test_dir: folder name of a test split for ``test`` / ``predict`` (default: the validation folder).
         img_size: training / evaluation resolution.
         in_chans: 3 (RGB) or 1 (grey).
         batch_size: per-device batch size.
@@ -208,6 +227,7 @@ class ImageFolderDataModule(_TimmImageDataModule):
         data_dir: Union[str, os.PathLike],
         train_dir: str = "train",
         val_dir: str = "val",
+        test_dir: Optional[str] = None,
         img_size: int = 224,
         in_chans: int = 3,
         batch_size: int = 128,
@@ -239,6 +259,10 @@ class ImageFolderDataModule(_TimmImageDataModule):
             self.val_set = RobustImageFolder(
                 os.path.join(hp.data_dir, hp.val_dir), self.classes, self.val_transform, self.mode, substitute=False
             )
+        if self.test_set is None and hp.test_dir and stage in (None, "test", "predict"):
+            self.test_set = RobustImageFolder(
+                os.path.join(hp.data_dir, hp.test_dir), self.classes, self.val_transform, self.mode, substitute=False
+            )
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -250,9 +274,12 @@ class ImageFolderDataModule(_TimmImageDataModule):
         return check_train_loader(loader, f"{os.path.join(hp.data_dir, hp.train_dir)} ({len(self.train_set)} images)")
 
     def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.val_set)
+
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
         hp = self.hparams
         return EvalDataLoader(
-            self.val_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.val_set, hp.seed, shuffle=False),
+            dataset, batch_size=hp.batch_size, sampler=epoch_sampler(dataset, hp.seed, shuffle=False),
             num_workers=hp.num_workers, pin_memory=torch.cuda.is_available(),
         )
 
@@ -264,6 +291,7 @@ class ShardDataModule(_TimmImageDataModule):
         train_shards, val_shards: shard paths or brace patterns (``/data/in1k/train-{0000..1023}.tar``).
         num_classes: label count (shards do not say it).
         train_samples: samples of one training epoch over all devices (ImageNet-1k: 1,281,167).
+        test_shards: shards of a test split for ``test`` / ``predict`` (default: ``val_shards``).
         shuffle_buffer: sample shuffle buffer per worker.
         Other arguments as :class:`ImageFolderDataModule`.
     """
@@ -274,6 +302,7 @@ class ShardDataModule(_TimmImageDataModule):
         val_shards: Union[str, list[str]],
         num_classes: int,
         train_samples: int,
+        test_shards: Optional[Union[str, list[str]]] = None,
         img_size: int = 224,
         in_chans: int = 3,
         batch_size: int = 128,
@@ -306,6 +335,8 @@ class ShardDataModule(_TimmImageDataModule):
             )
         if self.val_set is None:
             self.val_set = ShardImageDataset(hp.val_shards, self.val_transform, shuffle=False, mode=self.mode)
+        if self.test_set is None and hp.test_shards and stage in (None, "test", "predict"):
+            self.test_set = ShardImageDataset(hp.test_shards, self.val_transform, shuffle=False, mode=self.mode)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -316,5 +347,8 @@ class ShardDataModule(_TimmImageDataModule):
         return check_train_loader(loader, f"data.train_samples={hp.train_samples}")
 
     def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.val_set)
+
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
         hp = self.hparams
-        return DataLoader(self.val_set, batch_size=hp.batch_size, num_workers=hp.num_workers)
+        return DataLoader(dataset, batch_size=hp.batch_size, num_workers=hp.num_workers)

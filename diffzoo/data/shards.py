@@ -171,7 +171,9 @@ class ShardImageDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         rng = random.Random(hash((self.seed, self.epoch, rank, worker)))
         if self.samples_per_epoch is None:  # validation: one pass over this rank's and worker's shards
-            yield from self._pass(self.urls[rank::world][worker::workers])
+            import webdataset as wds
+
+            yield from self._pass(list(wds.split_by_worker(wds.split_by_node(self.urls))))
             return
         quota = self.samples_per_epoch // world // workers + (worker < (self.samples_per_epoch // world) % workers)
         stream = self._cycle(rank * workers + worker, world * workers)
@@ -183,7 +185,11 @@ class ShardImageDataset(IterableDataset):
             yield item
 
     def _cycle(self, slot: int, n_slots: int) -> Iterator[tuple]:
-        """This slot's shards, reshuffled on every pass, endlessly."""
+        """This slot's shards, reshuffled on every pass, endlessly.
+
+        Not ``wds.split_by_node`` / ``split_by_worker``: those slice one fixed list once, while training
+        needs a new seeded order every pass, and shards shared between slots when there are fewer shards
+        than ranks x workers (where the webdataset splitters would leave some slots with nothing)."""
         round_ = 0
         while True:
             order = list(self.urls)

@@ -415,6 +415,8 @@ class _AudioDataModule(pl.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, False)
 
+    predict_dataloader = test_dataloader  # the test clips, classified one by one
+
 
 class SynthKeywordsDataModule(_AudioDataModule):
     """The embedded default: Speech Commands words spoken by espeak-ng, voice-disjoint splits, noise mixed in.
@@ -432,6 +434,8 @@ class SynthKeywordsDataModule(_AudioDataModule):
             it fixed across runs being compared).
         cache_dir: where the synthesised clips are cached.
     """
+
+    data_name = "synthesised keyword clips (voices unseen in training)"
 
     def __init__(
         self,
@@ -488,6 +492,8 @@ class SpeechCommandsDataModule(_AudioDataModule):
         seed: seed of the training order.
         split_seed: seed of the unknown subsets and the evaluation silence.
     """
+
+    data_name = "Speech Commands clips"
 
     def __init__(
         self,

@@ -172,10 +172,14 @@ def colored_noise(num_samples: int, beta: float, generator: Optional[torch.Gener
 
 
 def mix_noise(wave: Tensor, noise: Tensor, snr_db: float) -> Tensor:
-    """``wave + noise`` with the noise scaled to ``snr_db`` below the signal's RMS (same shapes)."""
-    signal_rms = wave.pow(2).mean().sqrt()
-    noise_rms = noise.pow(2).mean().sqrt().clamp_min(1e-8)
-    return wave + noise * (signal_rms / noise_rms) * 10 ** (-snr_db / 20)
+    """``wave + noise`` with the noise scaled to ``snr_db`` below the signal's power (same shapes), by
+    :func:`torchaudio.functional.add_noise`; a silent noise segment (which that function would scale by
+    infinity) leaves ``wave`` unchanged."""
+    from torchaudio.functional import add_noise
+
+    if not bool(noise.any()):
+        return wave.clone()
+    return add_noise(wave, noise, torch.tensor(float(snr_db), dtype=wave.dtype))
 
 
 @dataclass

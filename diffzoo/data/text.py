@@ -372,3 +372,7 @@ class TextDataModule(pl.LightningDataModule):
             self.val_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.val_set, hp.seed, shuffle=False),
             num_workers=hp.num_workers,
         )
+
+    # the corpus has two splits: test and predict read the held-out validation windows
+    test_dataloader = val_dataloader
+    predict_dataloader = val_dataloader

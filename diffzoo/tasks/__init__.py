@@ -5,9 +5,10 @@ Importing this package imports Lightning; :mod:`diffzoo` itself does not.
 """
 
 from .contrastive import ClipRunSummary, ContrastiveTask
-from .classification import ImageClassificationTask, warmup_cosine
+from .classification import ImageClassificationTask
 from .export import export_checkpoint, export_module, load_exported, read_metadata, save_safetensors
 from .lm import LanguageModelTask, LMRunSummary, export_lm, load_lm
+from .optim import adamw_warmup_cosine, warmup_cosine, weight_decay_groups
 from .retrieval import attention_scores, evaluate_retrieval
 from .speech import SpeechClassificationTask
 from .zeroshot import load_clip, load_clip_weights, retrieval_recall, zero_shot_accuracy, zero_shot_classifier
@@ -19,6 +20,7 @@ __all__ = [
     "LMRunSummary",
     "LanguageModelTask",
     "SpeechClassificationTask",
+    "adamw_warmup_cosine",
     "attention_scores",
     "evaluate_retrieval",
     "export_checkpoint",
@@ -32,6 +34,7 @@ __all__ = [
     "retrieval_recall",
     "save_safetensors",
     "warmup_cosine",
+    "weight_decay_groups",
     "zero_shot_accuracy",
     "zero_shot_classifier",
 ]

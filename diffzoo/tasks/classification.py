@@ -1,13 +1,12 @@
 """Image classification as a LightningModule: any timm model, AdamW + warmup + cosine, DeiT's regularisers.
 
 Label smoothing and Mixup/CutMix come from timm (``timm.data.Mixup``, ``SoftTargetCrossEntropy``), the
-optional weight EMA from ``timm.utils.ModelEmaV3``, top-1/top-5 from torchmetrics (a NaN or infinite logit row counts as wrong).
+optional weight EMA from ``timm.utils.ModelEmaV3``, top-1/top-5 from torchmetrics.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -17,28 +16,8 @@ from torch import Tensor, nn
 
 from .callbacks import GuardedTraining
 from .metrics import FiniteMulticlassAccuracy
+from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
 from .resume import RestoresRNG
-
-
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """LR multiplier: linear warmup from ~0 to 1 over ``warmup_steps``, then cosine to ``min_ratio``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def weight_decay_groups(model: nn.Module, weight_decay: float, no_decay_names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """AdamW groups: ``weight_decay`` on weight matrices only; none on 1-d parameters (gains, biases,
-    lambdas), the model's ``no_weight_decay()`` names and names containing any of ``no_decay_names``."""
-    skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        excluded = p.ndim <= 1 or name in skip or any(s in name for s in no_decay_names)
-        (no_decay if excluded else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def _num_skipped(dataset: Any) -> int:
@@ -117,28 +96,44 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         self.train_top1 = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_top1 = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_top5 = FiniteMulticlassAccuracy(num_classes, top_k=top5, average="micro")
+        self.test_top1 = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro")
+        self.test_top5 = FiniteMulticlassAccuracy(num_classes, top_k=top5, average="micro")
         self.val_top1_ema = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro") if self.ema is not None else None
+        self.test_top1_ema = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro") if self.ema is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, C, H, W)`` -> ``(B, num_classes)`` logits."""
         return self.model(x)
 
+    # -- batches -------------------------------------------------------------------------------
+    #: what :meth:`on_train_epoch_end` calls the samples the data skipped
+    skipped_samples = "unreadable image(s) or corrupt shard entries"
+
+    def split_batch(self, batch: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Optional[Tensor]]:
+        """``(model inputs, labels or None)`` of a batch; image batches are ``(images, labels)``. Tasks
+        whose batches carry more (e.g. valid lengths) override this one method."""
+        if isinstance(batch, Tensor):  # unlabelled images (predict)
+            return (batch,), None
+        return (batch[0],), (batch[1] if len(batch) > 1 else None)
+
     # -- training ------------------------------------------------------------------------------
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch[0], batch[1]
+    def training_step(self, batch: Sequence[Tensor], batch_idx: int) -> Tensor:
+        inputs, y = self.split_batch(batch)
         hard = y
         if self.mixup is not None:
+            x = inputs[0]
             if len(x) % 2:  # timm's Mixup pairs samples and needs an even batch
                 x, y, hard = x[:-1], y[:-1], y[:-1]
             x, y = self.mixup(x, y)  # y: (B, num_classes) soft targets
-        logits = self(x)
+            inputs = (x, *inputs[1:])
+        logits = self(*inputs)
         if y.dim() == 2:
             loss = torch.sum(-y * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         else:
             loss = F.cross_entropy(logits.float(), y, label_smoothing=self.hparams.label_smoothing)
             self.train_top1(logits.detach(), hard)
             self.log("train/top1", self.train_top1, on_step=False, on_epoch=True)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(x))
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(y), sync_dist=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
 
@@ -158,7 +153,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         bad = int(getattr(dm, "num_bad", 0) or 0)
         self.log("data/bad_samples", float(bad), reduce_fx="sum", sync_dist=True)
         if bad:
-            rank_zero_warn(f"{bad} unreadable image(s) or corrupt shard entries were skipped so far (see the log)")
+            rank_zero_warn(f"{bad} {self.skipped_samples} were skipped so far (see the log)")
 
     # -- evaluation ----------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
@@ -190,22 +185,50 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
                 f"{evaluated} sample(s) on this device (see the log for which)"
             )
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        x, y = batch[0], batch[1]
+    def _evaluate(self, batch: Sequence[Tensor], stage: str) -> None:
+        """Log ``<stage>/loss``, ``/top1``, ``/top5`` (and ``/top1_ema``) of one validation or test batch."""
+        inputs, y = self.split_batch(batch)
         self.count_evaluated(len(y))
-        logits = self(x)
-        loss = F.cross_entropy(logits.float(), y)
-        self.val_top1(logits, y)
-        self.val_top5(logits, y)
-        self.log("val/loss", loss, on_epoch=True, sync_dist=True, batch_size=len(x))
-        self.log("val/top1", self.val_top1, on_epoch=True, prog_bar=True)
-        self.log("val/top5", self.val_top5, on_epoch=True)
+        logits = self(*inputs)
+        top1, top5 = (self.val_top1, self.val_top5) if stage == "val" else (self.test_top1, self.test_top5)
+        top1(logits, y)
+        top5(logits, y)
+        self.log(f"{stage}/loss", F.cross_entropy(logits.float(), y), on_epoch=True, sync_dist=True, batch_size=len(y))
+        self.log(f"{stage}/top1", top1, on_epoch=True, prog_bar=stage == "val")
+        self.log(f"{stage}/top5", top5, on_epoch=True)
         if self.ema is not None:
-            self.val_top1_ema(self.ema.module(x), y)
-            self.log("val/top1_ema", self.val_top1_ema, on_epoch=True)
+            ema_top1 = self.val_top1_ema if stage == "val" else self.test_top1_ema
+            ema_top1(self.ema.module(*inputs), y)
+            self.log(f"{stage}/top1_ema", ema_top1, on_epoch=True)
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self.validation_step(batch, batch_idx)
+    def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def predict_step(self, batch: Sequence[Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+        """Per sample: ``prediction`` (class index), ``probability`` (its softmax probability) and, when the
+        loader gives labels, ``label``; written to ``predictions.csv`` by the recipes."""
+        inputs, y = self.split_batch(batch)
+        probs = F.softmax(self(*inputs).float(), dim=-1)
+        p, pred = probs.max(dim=-1)
+        out = {"prediction": pred, "probability": p}
+        if y is not None:
+            out["label"] = y
+        return out
+
+    def describe_metric(self, key: str, datamodule: Any = None) -> Optional[str]:
+        """Words for a logged metric, e.g. ``"10-class validation top-1 on 1,000 MNIST digits"`` (the data
+        part from ``datamodule``), or None for a metric without a description."""
+        stage, _, name = key.partition("/")
+        if stage not in ("val", "test") or not name.startswith("top"):
+            return None
+        k = name[3:].split("_")[0]
+        words = f"{self.hparams.num_classes}-class {'validation' if stage == 'val' else 'test'} top-{k}"
+        if name.endswith("_ema"):
+            words += " of the weight EMA"
+        return words + describe_split(datamodule, stage)
 
     # -- optimisation --------------------------------------------------------------------------
     def param_groups(self) -> list[dict[str, Any]]:
@@ -214,11 +237,28 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        opt = torch.optim.AdamW(self.param_groups(), lr=hp.lr, betas=tuple(hp.betas))
-        total = int(self.trainer.estimated_stepping_batches)
-        epochs = max(1, self.trainer.max_epochs or 1)
-        warmup = min(total, int(round(hp.warmup_epochs * total / epochs)))
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: warmup_cosine(step, max(1, warmup), total, hp.min_lr_ratio)
+        return adamw_warmup_cosine(
+            self.param_groups(), self.trainer, lr=hp.lr, betas=hp.betas,
+            warmup_steps=epochs_to_steps(self.trainer, hp.warmup_epochs), min_lr_ratio=hp.min_lr_ratio,
         )
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def count_of(dataset: Any, noun: str, prep: str = "on") -> str:
+    """``" on 1,000 MNIST digits"`` for a sized ``dataset``; ``f" {prep} {noun}"`` without a length; ``""``
+    without a dataset."""
+    if dataset is None:
+        return ""
+    try:
+        return f" {prep} {len(dataset):,} {noun}"
+    except TypeError:  # a stream (shards) has no length
+        return f" {prep} {noun}"
+
+
+def describe_split(datamodule: Any, stage: str) -> str:
+    """``" on 1,000 MNIST digits"``: the size of a DataModule's ``val``/``test``/``predict`` data and its
+    ``data_name`` (empty when it has none)."""
+    name = getattr(datamodule, "data_name", None)
+    if not name:
+        return ""
+    dataset = getattr(datamodule, {"val": "val_set"}.get(stage, "test_set"), None)
+    return count_of(dataset if dataset is not None else getattr(datamodule, "val_set", None), name)

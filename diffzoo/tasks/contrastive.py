@@ -24,8 +24,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from .callbacks import GuardedTraining, RunSummary
-from .classification import warmup_cosine, weight_decay_groups
-from .export import save_safetensors
+from .classification import count_of
+from .export import save_safetensors, submodule_state
+from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
 from .resume import RestoresRNG
 from .zeroshot import check_model_name, load_clip_weights, pair_retrieval, topk_hits, zero_shot_classifier
 
@@ -159,8 +160,7 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         self._pairs: list[tuple[Tensor, Tensor, Tensor]] = []
         self._zs = torch.zeros(4, dtype=torch.long)  # top1 hits, top5 hits, pair wins, images
 
-    def on_validation_epoch_start(self) -> None:
-        self._reset_eval_state()
+    def _build_classifier(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         names = getattr(dm, "zeroshot_classnames", None)
         self._classifier = None
@@ -170,17 +170,25 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
                 classes_per_batch=self.hparams.zeroshot_classes_per_batch,
             )
 
+    def on_validation_epoch_start(self) -> None:
+        self._reset_eval_state()
+        self._build_classifier()
+
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "val")
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         images, target = batch[0], batch[1]
         if target.dim() == 2:  # (images, tokens): retrieval pairs
             img, txt, scale = self(images, target)
             loss = self._local_loss(img, txt, scale)
-            self.log("val/loss", loss, on_epoch=True, sync_dist=True, batch_size=len(images), add_dataloader_idx=False)
+            self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=len(images),
+                     add_dataloader_idx=False)
             self._pairs.append((img.detach().float().cpu(), txt.detach().float().cpu(), target.cpu()))
             return
         if self._classifier is None:
             raise ValueError(
-                "a validation loader gives (images, labels) but the DataModule has no zeroshot_classnames"
+                f"a {stage} loader gives (images, labels) but the DataModule has no zeroshot_classnames"
             )
         feats = self.model.encode_image(images, normalize=True).float()
         logits = feats @ self._classifier  # (B, C)
@@ -200,23 +208,70 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         return open_clip.ClipLoss()(img, txt, scale)
 
     def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def _log_eval(self, stage: str) -> None:
         metrics: dict[str, float] = {}
         zs = self.trainer.strategy.reduce(self._zs.to(self.device), reduce_op="sum") if self.trainer.world_size > 1 \
             else self._zs
         zs = zs.tolist()
         if zs[3]:
-            metrics["val/zs_top1"] = zs[0] / zs[3]
-            metrics["val/zs_top5"] = zs[1] / zs[3]
+            metrics[f"{stage}/zs_top1"] = zs[0] / zs[3]
+            metrics[f"{stage}/zs_top5"] = zs[1] / zs[3]
             if getattr(self.trainer.datamodule, "zeroshot_hard_negative", None) is not None:
-                metrics["val/zs_pair"] = zs[2] / zs[3]
+                metrics[f"{stage}/zs_pair"] = zs[2] / zs[3]
         if self._pairs:
             img, txt, tok = (self._gather_cat(torch.cat(parts)) for parts in zip(*self._pairs))
             for k, v in pair_retrieval(img, txt, tok, ks=tuple(self.hparams.retrieval_ks)).items():
-                metrics[f"val/{k}"] = v
-        for key, value in metrics.items():  # identical on every rank (gathered above)
-            self.log(key, value, prog_bar=key in ("val/zs_top1", "val/i2t_r1"))
+                metrics[f"{stage}/{k}"] = v
+        for key, value in metrics.items():  # identical on every rank (gathered above): the sync changes nothing
+            self.log(key, value, prog_bar=key in ("val/zs_top1", "val/i2t_r1"), sync_dist=True)
         self._reset_eval_state()
         self._classifier = None
+
+    # test: the same scores on the DataModule's test loaders, logged as test/*
+    on_test_epoch_start = on_validation_epoch_start
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
+
+    def on_predict_epoch_start(self) -> None:
+        self._build_classifier()
+        if self._classifier is None:
+            raise ValueError("predict needs zero-shot class names: the DataModule has no zeroshot_classnames "
+                             "(set --data.init_args.zeroshot_dir for shard data)")
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Any]:
+        """Zero-shot classification per image: ``prediction`` (class index), ``class_name``, ``probability``
+        (softmax over the classes at the model's temperature) and ``label`` when the loader gives one."""
+        images = batch[0] if isinstance(batch, (tuple, list)) else batch
+        feats = self.model.encode_image(images, normalize=True).float()
+        scale = self.model.logit_scale.exp().float() if hasattr(self.model, "logit_scale") else 100.0
+        p, pred = torch.softmax(scale * feats @ self._classifier, dim=-1).max(dim=-1)
+        names = self.trainer.datamodule.zeroshot_classnames
+        out: dict[str, Any] = {"prediction": pred, "class_name": [names[i] for i in pred.tolist()], "probability": p}
+        if isinstance(batch, (tuple, list)) and len(batch) > 1 and batch[1].dim() == 1:
+            out["label"] = batch[1]
+        return out
+
+    def describe_metric(self, key: str, datamodule: Any = None) -> Optional[str]:
+        """Words for the zero-shot and retrieval metrics, with the data they were measured on."""
+        stage, _, name = key.partition("/")
+        split = "validation" if stage == "val" else "test"
+        data = getattr(datamodule, "data_name", None)
+        if name.startswith("zs_top"):
+            n = len(getattr(datamodule, "zeroshot_classnames", None) or [])
+            zs_set = getattr(datamodule, "zeroshot_set", None)
+            zs_set = zs_set if zs_set is not None else getattr(datamodule, "test_set", None)
+            return f"{n}-class zero-shot {split} top-{name[6:]}{count_of(zs_set, data or 'images')}"
+        if name[:5] in ("i2t_r", "t2i_r"):
+            what = "image-to-text" if name.startswith("i2t") else "text-to-image"
+            pairs = count_of(getattr(datamodule, "val_set", None), f"{data or 'image-text'} pairs", "over")
+            return f"{what} {split} retrieval recall@{name[5:]}{pairs}"
+        return None
 
     def _gather_cat(self, t: Tensor) -> Tensor:
         """Concatenate ``t`` over all ranks (the ranks may hold different row counts)."""
@@ -237,19 +292,9 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        opt = torch.optim.AdamW(self.param_groups(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
-        total = int(self.trainer.estimated_stepping_batches)
-        if hp.warmup_steps is not None:
-            warmup = hp.warmup_steps
-        else:
-            epochs = self.trainer.max_epochs
-            per_epoch = total / epochs if epochs and epochs > 0 else \
-                self.trainer.num_training_batches / max(1, self.trainer.accumulate_grad_batches)
-            warmup = int(round(hp.warmup_epochs * per_epoch))
-        warmup = max(1, min(total, warmup))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, warmup, total, hp.min_lr_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
+        warmup = hp.warmup_steps if hp.warmup_steps is not None else epochs_to_steps(self.trainer, hp.warmup_epochs)
+        return adamw_warmup_cosine(self.param_groups(), self.trainer, lr=hp.lr, betas=hp.betas, eps=hp.eps,
+                                   warmup_steps=warmup, min_lr_ratio=hp.min_lr_ratio)
 
 
 class ClipRunSummary(RunSummary):
@@ -265,8 +310,11 @@ class ClipRunSummary(RunSummary):
     def __init__(self, export: bool = True, monitor: str = "val/zs_top1") -> None:
         super().__init__(export=export, monitor=monitor)
 
-    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
-        path = save_safetensors(pl_module.model.state_dict(), out / "model.safetensors", pl_module.hparams.get("model"),
+    def export_weights(
+        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+    ) -> dict[str, str]:
+        weights = submodule_state(state_dict, "model.") if state_dict is not None else pl_module.model.state_dict()
+        path = save_safetensors(weights, out / "model.safetensors", pl_module.hparams.get("model"),
                                 dict(pl_module.hparams.get("model_kwargs") or {}))
         return {"safetensors": str(path)}
 

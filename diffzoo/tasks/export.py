@@ -50,10 +50,25 @@ def save_safetensors(
     return path
 
 
-def export_module(task: nn.Module, path: PathLike, use_ema: bool = False) -> Path:
-    """Export the classifier of an :class:`ImageClassificationTask` (or its EMA copy) to safetensors."""
-    model = task.ema.module if use_ema and getattr(task, "ema", None) is not None else task.model
-    return save_safetensors(model.state_dict(), path, task.hparams["model"], _model_args(dict(task.hparams)))
+def submodule_state(state_dict: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The entries of ``state_dict`` under ``prefix`` (e.g. ``"model."``), with the prefix removed."""
+    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+def export_module(
+    task: nn.Module, path: PathLike, use_ema: bool = False, state_dict: Optional[dict[str, Tensor]] = None
+) -> Path:
+    """Export the classifier of an :class:`ImageClassificationTask` (or its EMA copy) to safetensors.
+
+    ``state_dict``: the task's full state dict when the task's own parameters are sharded (FSDP), as
+    gathered by ``trainer.strategy.lightning_module_state_dict()``; by default the task's ``state_dict()``.
+    """
+    if state_dict is not None:
+        weights = submodule_state(state_dict, "ema.module." if use_ema else "model.")
+    else:
+        model = task.ema.module if use_ema and getattr(task, "ema", None) is not None else task.model
+        weights = model.state_dict()
+    return save_safetensors(weights, path, task.hparams["model"], _model_args(dict(task.hparams)))
 
 
 def export_checkpoint(checkpoint: PathLike, path: Optional[PathLike] = None, use_ema: bool = False) -> Path:

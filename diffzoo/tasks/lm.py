@@ -7,7 +7,6 @@ optimizer steps. Checkpoints carry the Python/NumPy/torch RNG states, so a resum
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
@@ -19,9 +18,9 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from ..models.lm import LM_PRESETS, CausalLM, LMConfig
-from .callbacks import GuardedTraining, require_trained
-from .classification import warmup_cosine, weight_decay_groups
-from .export import read_metadata, safetensors_metadata, save_safetensors
+from .callbacks import GuardedTraining, RunSummary
+from .export import read_metadata, safetensors_metadata, save_safetensors, submodule_state
+from .optim import adamw_warmup_cosine, weight_decay_groups
 from .resume import RestoresRNG
 
 __all__ = ["LMRunSummary", "LanguageModelTask", "export_lm", "load_lm"]
@@ -73,40 +72,64 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self.loss(batch)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(batch[0]),
+                 sync_dist=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.val_loss.update(self.loss(batch), weight=len(batch[0]))
 
-    def on_validation_epoch_end(self) -> None:
+    def _log_eval_loss(self, stage: str) -> None:
         loss = self.val_loss.compute()  # synchronised over ranks
         self.val_loss.reset()
-        self.log("val/loss", loss, prog_bar=True)
-        self.log("val/ppl", torch.exp(loss))
+        # identical on every rank already; sync_dist keeps Lightning's distributed check satisfied
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
+        self.log(f"{stage}/ppl", torch.exp(loss), sync_dist=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval_loss("val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
 
-    on_test_epoch_end = on_validation_epoch_end
+    def on_test_epoch_end(self) -> None:
+        self._log_eval_loss("test")
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+        """Per window: ``loss`` (mean next-token cross-entropy, nats) and ``accuracy`` (share of next tokens
+        that are the model's top prediction); written to ``predictions.csv`` by the recipe."""
+        x, y = batch
+        logits = self.model(x).float()
+        loss = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(dim=1)
+        return {"loss": loss, "accuracy": (logits.argmax(-1) == y).float().mean(dim=1)}
+
+    def describe_metric(self, key: str, datamodule: Any = None) -> Optional[str]:
+        """Words for ``val/loss`` / ``test/loss`` / ``*/ppl`` including the data they were measured on."""
+        stage, _, name = key.partition("/")
+        if stage not in ("val", "test") or name not in ("loss", "ppl"):
+            return None
+        what = "cross-entropy (nats per token)" if name == "loss" else "perplexity"
+        windows = getattr(datamodule, "val_set", None)
+        where = f" on {len(windows):,} held-out windows of {datamodule.hparams.seq_len} tokens" if windows else ""
+        return f"{'validation' if stage == 'val' else 'test'} next-token {what}{where}"
 
     def param_groups(self) -> list[dict[str, Any]]:
-        """AdamW groups of :func:`~diffzoo.tasks.classification.weight_decay_groups`."""
+        """AdamW groups of :func:`~diffzoo.tasks.optim.weight_decay_groups`."""
         return weight_decay_groups(self.model, self.hparams.weight_decay)
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        opt = torch.optim.AdamW(self.param_groups(), lr=hp.lr, betas=tuple(hp.betas))
-        total = int(self.trainer.estimated_stepping_batches)
-        warmup = max(1, min(hp.warmup_steps, total))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, warmup, total, hp.min_lr_ratio))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return adamw_warmup_cosine(self.param_groups(), self.trainer, lr=hp.lr, betas=hp.betas,
+                                   warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio)
 
 
-def export_lm(task: LanguageModelTask, path: Any) -> Path:
-    """Write the model's weights to safetensors (a tied output weight is stored once, as the embedding)."""
-    sd = task.model.state_dict()
+def export_lm(task: LanguageModelTask, path: Any, state_dict: Optional[dict[str, Tensor]] = None) -> Path:
+    """Write the model's weights to safetensors (a tied output weight is stored once, as the embedding).
+
+    ``state_dict``: the task's full state dict when its parameters are sharded (see :func:`export_module`).
+    """
+    sd = submodule_state(state_dict, "model.") if state_dict is not None else task.model.state_dict()
     if task.config.tie_embeddings:
         sd.pop("output.weight")
     args = {**LM_PRESETS[task.hparams["model"]], **(task.hparams.get("model_kwargs") or {})}
@@ -138,34 +161,30 @@ def load_lm(path: Any) -> CausalLM:
     return model
 
 
-class LMRunSummary(pl.Callback):
-    """At the end of ``fit``: export ``model.safetensors``, write ``summary.json``, print loss and perplexity."""
+class LMRunSummary(RunSummary):
+    """:class:`~diffzoo.tasks.callbacks.RunSummary` for the LM: ``model.safetensors`` by :func:`export_lm`,
+    the attention kind and parameter count in ``summary.json``, and loss with perplexity as the headline.
 
-    def __init__(self, export: bool = True) -> None:
-        self.export = export
-        self.summary: dict[str, Any] = {}
+    Args:
+        export: write ``model.safetensors``.
+        monitor: metric reported as the headline result (a loss in nats).
+    """
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        out = Path(trainer.log_dir or trainer.default_root_dir)
-        require_trained(trainer)
-        if not trainer.is_global_zero:
-            return
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
-        ckpt = trainer.checkpoint_callback
-        summary: dict[str, Any] = {
-            "model": pl_module.hparams.get("model"),
-            "attn": pl_module.hparams.get("attn"),
-            "parameters": sum(p.numel() for p in pl_module.model.parameters()),
-            "global_step": trainer.global_step,
-            "metrics": metrics,
-            "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
-            "log_dir": str(out),
-        }
-        if self.export:
-            summary["safetensors"] = str(export_lm(pl_module, out / "model.safetensors"))
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        self.summary = summary
-        loss = metrics.get("val/loss")
-        shown = f"val/loss {loss:.4f} (perplexity {math.exp(loss):.2f})" if loss is not None else "val/loss: not measured"
-        print(f"{shown}\ncheckpoint: {summary['last_checkpoint']}\nlog: {out / 'metrics.csv'}", flush=True)
+    def __init__(self, export: bool = True, monitor: str = "val/loss") -> None:
+        super().__init__(export=export, monitor=monitor)
+
+    def export_weights(
+        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+    ) -> dict[str, str]:
+        return {"safetensors": str(export_lm(pl_module, out / "model.safetensors", state_dict))}
+
+    def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
+        return f"diffzoo.tasks.load_lm({path!r})"
+
+    def extra_fields(self, pl_module: pl.LightningModule) -> dict[str, Any]:
+        params = sum(p.numel() for p in pl_module.model.parameters())
+        return {"attn": pl_module.hparams.get("attn"), "parameters": params}
+
+    def headline(self, value: Optional[float], description: Optional[str]) -> str:
+        shown = f"{value:.4f} (perplexity {math.exp(value):.2f})" if value is not None else "not measured"
+        return f"{self.monitor}: {shown}" + (f"  ({description})" if description else "")

@@ -2,19 +2,17 @@
 
 It is :class:`~diffzoo.tasks.classification.ImageClassificationTask` with audio batches: the same AdamW
 parameter groups, warmup + cosine schedule, optional weight EMA, and RNG state in checkpoints for exact
-resume. The valid length of each clip reaches the model, which masks padded frames.
+resume. Only :meth:`~SpeechClassificationTask.split_batch` differs: the valid length of each clip reaches
+the model, which masks padded frames.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from .classification import ImageClassificationTask
-from .metrics import FiniteMulticlassAccuracy
 
 
 class SpeechClassificationTask(ImageClassificationTask):
@@ -51,46 +49,14 @@ class SpeechClassificationTask(ImageClassificationTask):
             weight_decay=weight_decay, betas=betas, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
             label_smoothing=label_smoothing, ema_decay=ema_decay, grad_checkpointing=grad_checkpointing,
         )
-        self.test_top1 = FiniteMulticlassAccuracy(num_classes, top_k=1, average="micro")
+
+    skipped_samples = "unusable audio file(s)"
+
+    def split_batch(self, batch: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Optional[Tensor]]:
+        """``(wave, lengths), labels`` of a ``(waveform, label, length)`` batch."""
+        wave, y, lengths = batch
+        return (wave, lengths), y
 
     def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
         """``(B, T)`` waveforms and ``(B,)`` valid samples -> ``(B, num_classes)`` logits."""
         return self.model(wave, lengths)
-
-    def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
-        wave, y, lengths = batch
-        logits = self(wave, lengths)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=self.hparams.label_smoothing)
-        self.train_top1(logits.detach(), y)
-        self.log("train/top1", self.train_top1, on_step=False, on_epoch=True)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=len(y))
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False)
-        return loss
-
-    def on_train_epoch_end(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        bad = int(getattr(dm, "num_bad", 0) or 0)
-        self.log("data/bad_samples", float(bad), reduce_fx="sum", sync_dist=True)
-        if bad:
-            rank_zero_warn(f"{bad} unusable audio file(s) were skipped so far (see the log for which)")
-
-    def validation_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
-        wave, y, lengths = batch
-        self.count_evaluated(len(y))
-        logits = self(wave, lengths)
-        self.val_top1(logits, y)
-        self.val_top5(logits, y)
-        self.log("val/loss", F.cross_entropy(logits.float(), y), on_epoch=True, sync_dist=True, batch_size=len(y))
-        self.log("val/top1", self.val_top1, on_epoch=True, prog_bar=True)
-        self.log("val/top5", self.val_top5, on_epoch=True)
-        if self.ema is not None:
-            self.val_top1_ema(self.ema.module(wave, lengths), y)
-            self.log("val/top1_ema", self.val_top1_ema, on_epoch=True)
-
-    def test_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
-        wave, y, lengths = batch
-        self.count_evaluated(len(y))
-        logits = self(wave, lengths)
-        self.test_top1(logits, y)
-        self.log("test/loss", F.cross_entropy(logits.float(), y), on_epoch=True, sync_dist=True, batch_size=len(y))
-        self.log("test/top1", self.test_top1, on_epoch=True)
