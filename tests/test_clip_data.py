@@ -183,7 +183,9 @@ def test_shards_split_by_rank_and_worker(tmp_path: Path, monkeypatch) -> None:
     paths = [it.write_image_text_shards(_pairs(3, start=3 * s), tmp_path / f"p{s}-%d.tar")[0] for s in range(4)]
     seen = []
     for rank in (0, 1):
-        monkeypatch.setattr(shards_mod, "_rank_world", lambda r=rank: (r, 2))
+        monkeypatch.setattr(shards_mod, "_rank_world", lambda r=rank: (r, 2))  # training's own split
+        monkeypatch.setenv("RANK", str(rank))  # evaluation splits with webdataset, which reads these
+        monkeypatch.setenv("WORLD_SIZE", "2")
         ds = it.ShardImageTextDataset(paths, transform=lambda im: 0, shuffle=False)
         seen.append({c for _, c in DataLoader(ds, batch_size=None, num_workers=2)})
         train = it.ShardImageTextDataset(paths, transform=lambda im: 0, samples_per_epoch=10, shuffle=False)

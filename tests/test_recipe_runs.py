@@ -66,7 +66,8 @@ def test_vit_fit_keeps_best_and_last_then_validate_test_predict(tmp_path: Path, 
     assert val.trainer.callback_metrics["val/top1"] == pytest.approx(summary["metrics"]["val/top1"], abs=1e-6)
     test = vit_recipe.cli_main(["test", "--config", cfg, "--ckpt_path", ckpt])
     assert test.trainer.callback_metrics["test/top1"] == pytest.approx(summary["metrics"]["val/top1"], abs=1e-6)
-    assert "test  test/loss" in capsys.readouterr().out
+    test_line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("test  "))
+    assert "test/loss" in test_line and "test/top1" in test_line
     pred = vit_recipe.cli_main(["predict", "--config", cfg, "--ckpt_path", ckpt])
     rows = _rows(Path(pred.trainer.log_dir) / "predictions.csv")
     assert len(rows) == 100 and list(rows[0]) == ["row", "prediction", "probability", "label"]

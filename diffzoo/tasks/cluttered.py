@@ -15,7 +15,7 @@ from ..layers.variants import apply_variant
 from ..models.variants import vit_create_args
 from .callbacks import RunSummary
 from .classification import ImageClassificationTask
-from .export import save_safetensors
+from .export import save_safetensors, submodule_state
 
 __all__ = ["VariantImageTask", "VariantRunSummary"]
 
@@ -71,10 +71,12 @@ class VariantRunSummary(RunSummary):
     """:class:`RunSummary` for :class:`VariantImageTask`: the weights carry the timm name, the
     ``create_model`` arguments and the variant in their metadata."""
 
-    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
+    def export_weights(
+        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+    ) -> dict[str, str]:
         args = {**pl_module.create_args, "variant": pl_module.hparams["attn"]}
-        return {"safetensors": str(save_safetensors(pl_module.model.state_dict(), out / "model.safetensors",
-                                                    pl_module.timm_name, args))}
+        state = submodule_state(state_dict, "model.") if state_dict is not None else pl_module.model.state_dict()
+        return {"safetensors": str(save_safetensors(state, out / "model.safetensors", pl_module.timm_name, args))}
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
         return (f"diffzoo.models.variants.build_vit({pl_module.hparams['attn']!r}, ...).load_state_dict("

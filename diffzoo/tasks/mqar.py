@@ -16,7 +16,7 @@ from ..data.mqar import IGNORE
 from ..models.lm import LMConfig
 from ..models.variants import build_lm
 from .callbacks import RunSummary
-from .export import save_safetensors
+from .export import save_safetensors, submodule_state
 from .lm import LanguageModelTask
 from .callbacks import GuardedTraining
 from .resume import RestoresRNG
@@ -122,10 +122,12 @@ class MQARRunSummary(RunSummary):
     def __init__(self, export: bool = True, monitor: str = "val/acc") -> None:
         super().__init__(export, monitor)
 
-    def export_weights(self, pl_module: pl.LightningModule, out: Path) -> dict[str, str]:
+    def export_weights(
+        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+    ) -> dict[str, str]:
         hp = pl_module.hparams
         args = {k: hp[k] for k in ("attn", "vocab_size", "dim", "depth", "num_heads", "intermediate_size")}
-        state = dict(pl_module.model.state_dict())
+        state = submodule_state(state_dict, "model.") if state_dict is not None else dict(pl_module.model.state_dict())
         state.pop("output.weight", None)  # tied to the token embedding (stored once)
         path = save_safetensors(state, out / "model.safetensors", "mqar_lm", args)
         return {"safetensors": str(path)}
