@@ -265,3 +265,11 @@ def test_export_writes_the_weights_the_strategy_gathers(tmp_path: Path, monkeypa
     own = cli.model.model.state_dict()
     assert exported.keys() == own.keys()
     assert all(torch.equal(exported[k], own[k] + 1) for k in own)
+
+
+def test_curves_plot_metrics_not_sample_counts():
+    from diffzoo.tasks.callbacks import plotted_metrics
+
+    epochs = [(10, {"val/loss": 1.0, "val/top1": 0.5, "val/top5": 0.9, "val/evaluated": 1000.0, "val/skipped": 0.0,
+                    "train/loss_epoch": 1.1})]
+    assert plotted_metrics(epochs) == ["val/top1", "val/top5"]

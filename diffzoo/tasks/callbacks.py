@@ -652,6 +652,14 @@ class RunCurves(pl.Callback):
         print(f"curves: {self.path}", flush=True)
 
 
+def plotted_metrics(epochs: list[tuple[int, dict[str, float]]]) -> list[str]:
+    """The validation metrics of the middle panel: not the loss (left panel) and not the sample counts
+    ``val/evaluated`` / ``val/skipped``, whose scale would flatten the metrics."""
+    counts = ("/evaluated", "/skipped")
+    return sorted({k for _, m in epochs for k in m
+                   if k.startswith("val/") and not k.endswith("loss") and not k.endswith(counts)})
+
+
 def draw_curves(
     path: Path,
     steps: list[tuple[int, float]],
@@ -662,7 +670,7 @@ def draw_curves(
     """Loss (per step and per epoch), the other validation metrics per epoch and, when given, lambda by depth."""
     import matplotlib.pyplot as plt
 
-    metric_keys = sorted({k for _, m in epochs for k in m if k.startswith("val/") and not k.endswith("loss")})
+    metric_keys = plotted_metrics(epochs)
     panels = 1 + bool(metric_keys) + bool(lambdas_end)
     fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.3), dpi=90, squeeze=False)
     ax = axes[0, 0]
