@@ -156,15 +156,21 @@ class RunFolders:
                 )
 
 
-def add_run_callbacks(parser: Any, summary_class: type, monitor: str, mode: str = "max") -> None:
+def add_run_callbacks(
+    parser: Any, summary_class: type, monitor: str, mode: str = "max", keep_checkpoints: bool = True
+) -> None:
     """The callbacks every recipe runs with, each configurable on the command line:
 
     ``--checkpoint.*`` keeps the best checkpoint by ``monitor`` plus ``last.ckpt``; ``--summary.*`` (a
     ``summary_class``) exports weights and ``summary.json``; ``--progress.*`` prints a line per epoch when
     stdout is not a terminal; ``--predictions.*`` writes ``predictions.csv`` on ``predict``; ``--curves.*``
-    logs to TensorBoard beside the CSV and draws ``curves.png``.
+    logs to TensorBoard beside the CSV and draws ``curves.png``. ``keep_checkpoints=False`` keeps none by
+    default (``--checkpoint.save_top_k`` / ``--checkpoint.save_last`` turn them on).
     """
-    add_checkpoint_args(parser, save_top_k=1, monitor=monitor, mode=mode)
+    if keep_checkpoints:
+        add_checkpoint_args(parser, save_top_k=1, monitor=monitor, mode=mode)
+    else:  # many short runs (the study): none kept unless asked for (Ctrl-C still saves one)
+        add_checkpoint_args(parser, save_top_k=0, save_last=False)
     parser.add_lightning_class_args(summary_class, "summary")
     parser.set_defaults({"summary.monitor": monitor})
     parser.add_lightning_class_args(ProgressLines, "progress")

@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningCLI
 from diffzoo.data.cluttered import ClutteredDigitsDataModule
 from diffzoo.tasks.cluttered import VariantImageTask, VariantRunSummary
 from diffzoo.tasks.monitor import GradNormMonitor
-from recipes._cli import add_checkpoint_args, launch
+from recipes._cli import add_run_callbacks, launch
 from recipes._study import expand_quick
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cluttered_digits.yaml"
@@ -40,8 +40,7 @@ class ClutteredCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_chans", "model.in_chans", apply_on="instantiate")
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
-        add_checkpoint_args(parser, save_top_k=0, save_last=False)  # study runs keep no checkpoints by default
-        parser.add_lightning_class_args(VariantRunSummary, "summary")
+        add_run_callbacks(parser, VariantRunSummary, monitor="val/top1", mode="max", keep_checkpoints=False)
         parser.add_lightning_class_args(GradNormMonitor, "monitor")
 
 

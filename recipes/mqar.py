@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningCLI
 from diffzoo.data.mqar import MQARDataModule
 from diffzoo.tasks.monitor import GradNormMonitor
 from diffzoo.tasks.mqar import MQARRunSummary, MQARTask
-from recipes._cli import add_checkpoint_args, launch
+from recipes._cli import add_run_callbacks, launch
 from recipes._study import expand_quick
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mqar.yaml"
@@ -39,8 +39,7 @@ class MQARCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-        add_checkpoint_args(parser, save_top_k=0, save_last=False)  # study runs keep no checkpoints by default
-        parser.add_lightning_class_args(MQARRunSummary, "summary")
+        add_run_callbacks(parser, MQARRunSummary, monitor="val/acc", mode="max", keep_checkpoints=False)
         parser.add_lightning_class_args(GradNormMonitor, "monitor")
 
 
