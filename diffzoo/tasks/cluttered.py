@@ -9,7 +9,6 @@ from typing import Any, Optional
 import lightning.pytorch as pl
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics.classification import MulticlassAccuracy
 
 from ..layers.variants import apply_variant
 from ..models.variants import vit_create_args
@@ -52,7 +51,6 @@ class VariantImageTask(ImageClassificationTask):
         apply_variant(self.model, attn)
         self.timm_name = name
         self.create_args = {**args, "num_classes": num_classes, "in_chans": in_chans, "img_size": img_size}
-        self.test_top1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         x, y = batch[0], batch[1]
