@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import Block, KVCache, RMSNorm, RotaryEmbedding, check_matched, resolve_heads
+from ..layers import KVCache, RMSNorm, RotaryEmbedding, Transformer, check_matched, resolve_heads
 
 __all__ = [
     "LM_PRESETS",
@@ -130,14 +130,11 @@ class CausalLM(nn.Module):
         self.config = cfg = config
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         rope = RotaryEmbedding(cfg.head_dim, base=cfg.rope_base)  # no parameters: shared by every block
-        self.blocks = nn.ModuleList(
-            Block(
-                cfg.dim, cfg.num_heads, attn=cfg.attn, num_kv_heads=cfg.num_kv_heads,
-                mlp_hidden_dim=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm", depth=i,
-                lambda_init=cfg.lambda_init, qkv_bias=cfg.bias, proj_bias=cfg.bias, mlp_bias=False, causal=True,
-                rope=rope, norm_eps=cfg.norm_eps, sub_norm_eps=cfg.norm_eps, backend=cfg.backend,
-            )
-            for i in range(cfg.depth)
+        self.blocks = Transformer(
+            cfg.dim, cfg.depth, cfg.num_heads, attn=cfg.attn, num_kv_heads=cfg.num_kv_heads,
+            mlp_hidden_dim=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm", lambda_init=cfg.lambda_init,
+            qkv_bias=cfg.bias, proj_bias=cfg.bias, mlp_bias=False, causal=True, rope=rope, norm_eps=cfg.norm_eps,
+            sub_norm_eps=cfg.norm_eps, backend=cfg.backend,
         )
         self.norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -173,8 +170,16 @@ class CausalLM(nn.Module):
 
         ``dtype=None`` stores keys/values in the activations' dtype (bf16 under ``torch.autocast``).
         """
-        n = max_seq_len or self.config.max_seq_len
-        return [block.attn.make_kv_cache(batch_size, n, dtype=dtype) for block in self.blocks]
+        return self.blocks.make_kv_caches(batch_size, max_seq_len or self.config.max_seq_len, dtype=dtype)
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass (training only; not with kv-caches)."""
+        self.blocks.set_grad_checkpointing(enable)
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        return self.blocks.grad_checkpointing
 
     def forward(
         self,
@@ -183,9 +188,8 @@ class CausalLM(nn.Module):
         key_padding_mask: Optional[Tensor] = None,
         positions: Optional[Tensor] = None,
         kv_caches: Optional[Sequence[KVCache]] = None,
-        return_attn: bool = False,
-    ) -> Union[Tensor, tuple[Tensor, list[dict[str, Tensor]]]]:
-        """Next-token logits.
+    ) -> Tensor:
+        """Next-token logits ``(B, N, vocab_size)`` (fp32 or the parameter dtype).
 
         Args:
             tokens: int ``(B, N)``.
@@ -195,35 +199,41 @@ class CausalLM(nn.Module):
             positions: explicit RoPE positions ``(N,)`` or ``(B, N)`` (default: from the padding, else
                 continuing the cache, else ``0..N-1``).
             kv_caches: from :meth:`make_kv_caches`, updated in place.
-            return_attn: also return each block's attention maps (dicts as the attention layers give).
 
-        Returns:
-            ``(B, N, vocab_size)`` fp32-or-parameter-dtype logits, or ``(logits, maps)``.
+        Attention maps come from :func:`diffzoo.analysis.record_attention` around this call.
         """
+        x, positions = self._embed(tokens, key_padding_mask, positions)
+        x = self.blocks(x, key_padding_mask=key_padding_mask, positions=positions, kv_caches=kv_caches)
+        return self.output(self.norm(x))  # (B, N, vocab)
+
+    def forward_intermediates(
+        self,
+        tokens: Tensor,
+        indices: Union[int, list[int], None] = None,
+        *,
+        key_padding_mask: Optional[Tensor] = None,
+        positions: Optional[Tensor] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+    ) -> list[Tensor]:
+        """Hidden states ``(B, N, dim)`` after the selected blocks (None: all; ``n``: the last ``n``).
+
+        ``norm=True`` applies the final RMSNorm to each; ``stop_early`` skips the blocks after the last
+        selected one.
+        """
+        x, positions = self._embed(tokens, key_padding_mask, positions)
+        _, out = self.blocks.forward_intermediates(
+            x, indices, stop_early=stop_early, key_padding_mask=key_padding_mask, positions=positions
+        )
+        return [self.norm(t) for t in out] if norm else out
+
+    def _embed(self, tokens: Tensor, key_padding_mask: Optional[Tensor],
+               positions: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, length) integers, got shape {tuple(tokens.shape)}")
-        if kv_caches is not None and len(kv_caches) != len(self.blocks):
-            raise ValueError(f"got {len(kv_caches)} kv-caches for {len(self.blocks)} blocks")
-        N = tokens.shape[1]
         if positions is None and key_padding_mask is not None:
-            positions = positions_from_padding(key_padding_mask, N)
-        x = self.tok_embeddings(tokens)  # (B, N, D)
-        maps: list[dict[str, Tensor]] = []
-        for i, block in enumerate(self.blocks):
-            kwargs = dict(
-                key_padding_mask=key_padding_mask, positions=positions,
-                kv_cache=None if kv_caches is None else kv_caches[i],
-            )
-            if return_attn:
-                # Block.forward returns only the hidden states; unroll it to keep the maps.
-                a, m = block.attn(block.norm1(x), return_attn=True, **kwargs)
-                x = x + block.drop_path1(block.ls1(a))
-                x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
-                maps.append(m)
-            else:
-                x = block(x, **kwargs)
-        logits = self.output(self.norm(x))  # (B, N, vocab)
-        return (logits, maps) if return_attn else logits
+            positions = positions_from_padding(key_padding_mask, tokens.shape[1])
+        return self.tok_embeddings(tokens), positions  # (B, N, D)
 
 
 def matched_lm_pair(config: LMConfig) -> tuple[CausalLM, CausalLM]:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ..layers import Block
+from ..layers import Transformer
 from .vit import vit_init_
 
 __all__ = [
@@ -221,21 +221,17 @@ class SpeechTransformer(nn.Module):
         self.attn_kind = cfg.attn
         self.num_features = self.head_hidden_size = self.embed_dim = cfg.embed_dim
         self.num_prefix_tokens = 1
-        self.grad_checkpointing = False
 
         self.frontend = LogMelFrontend(cfg)
         # (B, 1, n_mels, frames) -> (B, D, F', T'): non-overlapping patches, one per token
         self.patch_embed = nn.Conv2d(1, cfg.embed_dim, (cfg.patch_freq, cfg.patch_time), (cfg.patch_freq, cfg.patch_time))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.max_time_tokens, cfg.freq_tokens, cfg.embed_dim))
-        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList(
-            Block(
-                cfg.embed_dim, cfg.num_heads, attn=cfg.attn, head_dim=cfg.head_dim if cfg.attn == "diff" else None,
-                mlp_ratio=cfg.mlp_ratio, depth=i, lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias,
-                attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, drop_path=dpr[i], backend=cfg.backend,
-            )
-            for i in range(cfg.depth)
+        self.blocks = Transformer(
+            cfg.embed_dim, cfg.depth, cfg.num_heads, attn=cfg.attn,
+            head_dim=cfg.head_dim if cfg.attn == "diff" else None, mlp_ratio=cfg.mlp_ratio,
+            lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias, attn_drop=cfg.attn_drop_rate,
+            proj_drop=cfg.proj_drop_rate, drop_path_rate=cfg.drop_path_rate, backend=cfg.backend,
         )
         self.norm = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(cfg.drop_rate)
@@ -252,7 +248,11 @@ class SpeechTransformer(nn.Module):
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
+        self.blocks.set_grad_checkpointing(enable)
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        return self.blocks.grad_checkpointing
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
@@ -292,12 +292,7 @@ class SpeechTransformer(nn.Module):
         x, padded = self.tokenize(wave, lengths)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
         mask = nn.functional.pad(padded, (1, 0), value=False)  # the class token is never padded
-        for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, key_padding_mask=mask, use_reentrant=False)
-            else:
-                x = blk(x, key_padding_mask=mask)
-        x = self.norm(x)
+        x = self.norm(self.blocks(x, key_padding_mask=mask))
         return SpeechFeatures(x[:, 1:], padded, x[:, 0])
 
     def pool(self, feats: SpeechFeatures) -> Tensor:
