@@ -27,7 +27,7 @@ each differential model's parameter count is within 0.5 % of its softmax partner
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, NamedTuple, Optional
+from typing import Any, Literal, NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -170,7 +170,11 @@ class LogMelFrontend(nn.Module):
         self.freq_mask = torchaudio.transforms.FrequencyMasking(cfg.freq_mask_param, iid_masks=True)
         self.time_mask = torchaudio.transforms.TimeMasking(cfg.time_mask_param, iid_masks=True)
 
-    def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def prepare(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """The waveform as ``(B, T)``, zero-padded to at least one window, and valid samples ``(B,)``.
+
+        Accepts ``(B, T)``, ``(B, 1, T)`` and timm's ``(B, 1, 1, T)``; ``lengths`` defaults to the whole clip.
+        """
         if wave.dim() == 4 and wave.shape[1:3] == (1, 1):  # timm's (B, C, H, W) batch of input_size (1, 1, T)
             wave = wave[:, 0, 0]
         if wave.dim() == 3 and wave.shape[1] == 1:
@@ -183,6 +187,14 @@ class LogMelFrontend(nn.Module):
             wave = nn.functional.pad(wave, (0, self.cfg.n_fft - wave.shape[-1]))
         total = torch.full((wave.shape[0],), wave.shape[-1], device=wave.device)
         lengths = total if lengths is None else lengths.to(wave.device).clamp(max=wave.shape[-1])
+        return wave, lengths
+
+    def num_frames(self, num_samples: Union[int, Tensor]) -> Union[int, Tensor]:
+        """Frames whose whole analysis window lies in ``num_samples`` (int or tensor of sample counts)."""
+        return num_frames(num_samples, self.cfg.n_fft, self.cfg.hop_length)
+
+    def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        wave, lengths = self.prepare(wave, lengths)
         with torch.autocast(wave.device.type, enabled=False):  # the FFT and log want fp32
             spec = (self.mel(wave.float()) + 1e-6).log()  # (B, n_mels, frames)
         spec = (spec - self.cfg.mel_mean) / self.cfg.mel_std
@@ -193,7 +205,7 @@ class LogMelFrontend(nn.Module):
             for _ in range(self.cfg.time_masks):
                 spec = self.time_mask(spec)
             spec = spec.squeeze(1)
-        return spec, num_frames(lengths, self.cfg.n_fft, self.cfg.hop_length)
+        return spec, self.num_frames(lengths)
 
 
 class SpeechTransformer(nn.Module):
@@ -270,6 +282,32 @@ class SpeechTransformer(nn.Module):
             trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
 
+    # -- framing -------------------------------------------------------------------------------
+    @property
+    def frames_per_token(self) -> int:
+        """Spectrogram frames per time token (``patch_time``)."""
+        return self.cfg.patch_time
+
+    def time_tokens(self, num_samples: int) -> int:
+        """Time positions ``T'`` of the tokens of an input of ``num_samples`` samples (padding included)."""
+        return self.frontend.num_frames(max(int(num_samples), self.cfg.n_fft)) // self.frames_per_token
+
+    def num_tokens(self, num_samples: int) -> int:
+        """Tokens ``N = T' * F'`` of an input of ``num_samples`` samples, without the class token."""
+        return self.time_tokens(num_samples) * self.cfg.freq_tokens
+
+    def valid_time_tokens(self, lengths: Tensor) -> Tensor:
+        """Time tokens whose frames all lie inside ``lengths`` valid samples, ``(B,)`` int64."""
+        return self.frontend.num_frames(lengths) // self.frames_per_token
+
+    def token_times(self, num_samples: int) -> Tensor:
+        """``(T', 2)`` fp64 start and end in seconds of the samples each time token's frames read."""
+        cfg = self.cfg
+        t = torch.arange(self.time_tokens(num_samples), dtype=torch.float64)
+        start = t * self.frames_per_token * cfg.hop_length
+        end = start + (self.frames_per_token - 1) * cfg.hop_length + cfg.n_fft
+        return torch.stack([start, end], -1) / cfg.sample_rate
+
     # -- forward -------------------------------------------------------------------------------
     def tokenize(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Waveform ``(B, T)`` -> tokens with positions ``(B, N, D)`` and ``padding_mask (B, N)``."""
@@ -283,7 +321,7 @@ class SpeechTransformer(nn.Module):
                 f"({cfg.max_time_tokens}); build the model with a larger max_seconds"
             )
         x = (x.permute(0, 3, 2, 1) + self.pos_embed[:, :Tp]).reshape(B, Tp * Fp, D)  # time-major tokens
-        valid_time = valid_frames // cfg.patch_time  # (B,) tokens whose frames are all valid
+        valid_time = valid_frames // self.frames_per_token  # (B,) tokens whose frames are all valid
         padded = torch.arange(Tp, device=x.device)[None, :] >= valid_time[:, None]  # (B, T')
         return x, padded.repeat_interleave(Fp, dim=1)  # (B, N, D), (B, N)
 
