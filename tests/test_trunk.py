@@ -261,3 +261,30 @@ def test_lm_forward_intermediates() -> None:
         last = model.forward_intermediates(tokens, 1, norm=True)
         assert torch.equal(model.output(last[0]), model(tokens))
         assert len(model.forward_intermediates(tokens)) == 3
+
+
+# -- one name for the baseline's head count -----------------------------------------------------------
+def test_configs_name_the_baseline_heads_once_and_accept_the_former_name() -> None:
+    import dataclasses
+
+    from diffzoo.models.lm import LM_PRESETS
+    from diffzoo.models.speech import SPEECH_CONFIGS, SpeechEncoderConfig
+
+    new = LMConfig(dim=64, baseline_heads=8, baseline_kv_heads=2)
+    old = LMConfig(dim=64, num_heads=8, num_kv_heads=2)
+    assert new == old and (old.baseline_heads, old.baseline_kv_heads) == (8, 2)
+    assert (old.num_heads, old.num_kv_heads) == (8, 2)  # the former names read the fields back
+    names = {f.name for f in dataclasses.fields(LMConfig)} | {f.name for f in dataclasses.fields(SpeechEncoderConfig)}
+    assert "num_heads" not in names and "num_kv_heads" not in names
+    assert "num_heads" not in dataclasses.asdict(new)
+    assert new.replace(num_heads=4).baseline_heads == 4 == dataclasses.replace(new, baseline_heads=4).baseline_heads
+    assert all("num_heads" not in p for p in LM_PRESETS.values()) and all("num_heads" not in c for c in SPEECH_CONFIGS.values())
+    assert CausalLM.from_preset("lm_tiny", num_heads=2).config.baseline_heads == 2
+    with pytest.raises(ValueError, match="baseline_heads=8 and num_heads=4"):
+        LMConfig(dim=64, baseline_heads=8, num_heads=4)
+    model = SpeechTransformer(embed_dim=32, depth=1, num_heads=4, attn="softmax")
+    assert model.cfg.baseline_heads == 4 == model.cfg.num_heads and model.blocks[0].attn.num_heads == 4
+    diff = SpeechTransformer(embed_dim=32, depth=1, baseline_heads=4)
+    assert diff.blocks[0].attn.num_heads == 2  # the layer's own count: two differential heads
+    with pytest.raises(TypeError, match="heads_count"):
+        SpeechTransformer(heads_count=2)

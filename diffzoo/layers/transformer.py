@@ -16,13 +16,15 @@ The stack *is* the list of its blocks (an :class:`torch.nn.ModuleList`), so a mo
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..kernels._masks import check_dropout_p
+from .attention import AttentionBase
 from .block import Block
 from .heads import check_positive_int
 from .kv_cache import KVCache
@@ -37,7 +39,7 @@ def drop_path_rates(rate: float, depth: int) -> list[float]:
     return [rate * i / max(depth - 1, 1) for i in range(depth)]
 
 
-def take_indices(depth: int, indices: Union[int, Sequence[int], None]) -> tuple[list[int], int]:
+def take_indices(depth: int, indices: int | Sequence[int] | None) -> tuple[list[int], int]:
     """Block indices to return from a stack of ``depth`` blocks, and the largest of them.
 
     ``None`` takes every block, an int ``n`` the last ``n`` blocks, a sequence those blocks (negative
@@ -94,7 +96,7 @@ class Transformer(nn.ModuleList):
         self.drop_path_rate = drop_path_rate
         self.grad_checkpointing = False
 
-    def __getitem__(self, idx: Union[int, slice]) -> Any:
+    def __getitem__(self, idx: int | slice) -> Any:
         if isinstance(idx, slice):  # a slice is a plain list of blocks, not a new stack
             return nn.ModuleList(list(self._modules.values())[idx])
         return super().__getitem__(idx)
@@ -106,7 +108,8 @@ class Transformer(nn.ModuleList):
 
     def make_kv_caches(self, batch_size: int, max_seq_len: int, dtype: torch.dtype | None = None) -> list[KVCache]:
         """One empty :class:`KVCache` per block (``dtype=None``: the activations' dtype)."""
-        return [blk.attn.make_kv_cache(batch_size, max_seq_len, dtype=dtype) for blk in self]
+        layers = [cast(AttentionBase, blk.attn) for blk in self]
+        return [attn.make_kv_cache(batch_size, max_seq_len, dtype=dtype) for attn in layers]
 
     def _run(self, x: Tensor, stop: int, take: Iterable[int], kv_caches: Sequence[KVCache] | None,
              attn_kwargs: dict[str, Any]) -> tuple[Tensor, list[Tensor]]:
@@ -141,7 +144,7 @@ class Transformer(nn.ModuleList):
     def forward_intermediates(
         self,
         x: Tensor,
-        indices: Union[int, Sequence[int], None] = None,
+        indices: int | Sequence[int] | None = None,
         *,
         stop_early: bool = False,
         key_padding_mask: Tensor | None = None,

@@ -373,7 +373,8 @@ class DiffTextTower(nn.Module):
         context_length: maximum number of tokens (position embeddings).
         vocab_size: token ids (open_clip's tokenizer: 49408).
         width: transformer width.
-        heads: heads of the *softmax baseline* (``attn="diff"`` uses ``heads / 2`` differential heads).
+        heads: heads of the *softmax baseline* (open_clip's ``text_cfg`` name for what diffzoo's other
+            configs call ``baseline_heads``; ``attn="diff"`` uses ``heads / 2`` differential heads).
         layers: number of blocks.
         mlp_ratio: feed-forward hidden width relative to ``width``.
         ls_init_value: LayerScale initial value, or None.

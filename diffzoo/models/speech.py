@@ -36,14 +36,19 @@ from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..layers import Transformer
+from ._renamed import accept_former_names, current_names
 from .vit import vit_init_
 
 __all__ = [
-    "LogMelFrontend", "SpeechEncoderConfig", "SpeechFeatures", "SpeechTransformer", "SPEECH_CONFIGS",
+    "LogMelFrontend", "SPEECH_RENAMED", "SpeechEncoderConfig", "SpeechFeatures", "SpeechTransformer", "SPEECH_CONFIGS",
     "speech_model_names", "matched_speech_name",
 ]
 
 
+SPEECH_RENAMED = {"num_heads": "baseline_heads"}  # former config name -> field
+
+
+@accept_former_names(SPEECH_RENAMED)
 @dataclass
 class SpeechEncoderConfig:
     """Front end and transformer of a speech encoder (one field switches softmax / differential).
@@ -66,8 +71,10 @@ class SpeechEncoderConfig:
     Transformer:
         embed_dim: width ``D``.
         depth: blocks.
-        num_heads: heads of the *softmax baseline*; ``attn="diff"`` converts them (2H -> H).
-        head_dim: differential q/k width, needed for an odd ``num_heads`` (KWT-1: 1 head).
+        baseline_heads: heads of the *softmax baseline* (the one head-count name of diffzoo's model
+            configs; former name ``num_heads``, still accepted and readable). ``attn="diff"`` converts them
+            (2H -> H); an attention layer's own ``num_heads`` is the count it runs.
+        head_dim: differential q/k width, needed for an odd ``baseline_heads`` (KWT-1: 1 head).
         attn: ``"diff"``, ``"softmax"`` or ``"diff_v2"``.
         mlp_ratio: feed-forward width relative to ``D``.
         qkv_bias: biases on q/k/v.
@@ -95,7 +102,7 @@ class SpeechEncoderConfig:
     patch_time: int = 1
     embed_dim: int = 64
     depth: int = 12
-    num_heads: int = 1
+    baseline_heads: int = 1  # heads of the softmax baseline (attn="diff" runs baseline_heads / 2)
     head_dim: Optional[int] = None
     attn: Literal["diff", "softmax", "diff_v2"] = "diff"
     mlp_ratio: float = 4.0
@@ -223,9 +230,10 @@ class SpeechTransformer(nn.Module):
         if in_chans != 1:
             raise ValueError(f"in_chans={in_chans}: speech encoders take mono audio (mix channels down first)")
         known = {f.name for f in fields(SpeechEncoderConfig)}
-        unknown = sorted(set(kwargs) - known)
+        unknown = sorted(set(kwargs) - known - set(SPEECH_RENAMED))
         if unknown:
             raise TypeError(f"unknown SpeechTransformer argument(s) {unknown}; config fields are {sorted(known)}")
+        kwargs = current_names(kwargs, SPEECH_RENAMED)
         base = asdict(config) if config is not None else {}
         cfg = self.cfg = SpeechEncoderConfig(**{**base, **kwargs})
         self.num_classes = num_classes
@@ -240,7 +248,7 @@ class SpeechTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.max_time_tokens, cfg.freq_tokens, cfg.embed_dim))
         self.blocks = Transformer(
-            cfg.embed_dim, cfg.depth, cfg.num_heads, attn=cfg.attn,
+            cfg.embed_dim, cfg.depth, cfg.baseline_heads, attn=cfg.attn,
             head_dim=cfg.head_dim if cfg.attn == "diff" else None, mlp_ratio=cfg.mlp_ratio,
             lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias, attn_drop=cfg.attn_drop_rate,
             proj_drop=cfg.proj_drop_rate, drop_path_rate=cfg.drop_path_rate, backend=cfg.backend,
@@ -353,15 +361,15 @@ class SpeechTransformer(nn.Module):
 SPEECH_CONFIGS: dict[str, dict[str, Any]] = {
     # The embedded default: D=64, 4 blocks, tokens of 2 frames (49 per second), ~0.2 M parameters,
     # trains in minutes on 2 CPU cores.
-    "kwt_nano": dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=4.0, patch_time=2, time_mask_param=10),
+    "kwt_nano": dict(embed_dim=64, depth=4, baseline_heads=4, mlp_ratio=4.0, patch_time=2, time_mask_param=10),
     # KWT-1/2/3 (Berg et al.): one token per 10 ms frame of 40 mel bands, 12 blocks, MLP 4x.
-    "kwt_1": dict(embed_dim=64, depth=12, num_heads=1, head_dim=32),
-    "kwt_2": dict(embed_dim=128, depth=12, num_heads=2),
-    "kwt_3": dict(embed_dim=192, depth=12, num_heads=3, head_dim=32),
+    "kwt_1": dict(embed_dim=64, depth=12, baseline_heads=1, head_dim=32),
+    "kwt_2": dict(embed_dim=128, depth=12, baseline_heads=2),
+    "kwt_3": dict(embed_dim=192, depth=12, baseline_heads=3, head_dim=32),
     # AST-style 16x16 patches of a 128-band spectrogram (non-overlapping) at DeiT-Ti / DeiT-S widths.
-    "ast_tiny_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=192, depth=12, num_heads=3,
+    "ast_tiny_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=192, depth=12, baseline_heads=3,
                              head_dim=32, freq_mask_param=24, time_mask_param=20, n_fft=1024, win_length=400),
-    "ast_small_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=384, depth=12, num_heads=6,
+    "ast_small_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=384, depth=12, baseline_heads=6,
                               freq_mask_param=24, time_mask_param=20, n_fft=1024, win_length=400),
 }
 _PREFIX = {"kwt": ("diffkwt", "softkwt"), "ast": ("diffast", "softast")}
@@ -406,7 +414,7 @@ def _create(variant: str, pretrained: bool, **kwargs: Any) -> SpeechTransformer:
     arch = dict(SPEECH_CONFIGS[_size_of(variant)], attn="diff" if variant.startswith("diff") else "softmax")
     if arch["attn"] != "diff":
         arch.pop("head_dim", None)
-    arch.update(kwargs)
+    arch.update(current_names(kwargs, SPEECH_RENAMED))
     return build_model_with_cfg(SpeechTransformer, variant, pretrained, **arch)
 
 
