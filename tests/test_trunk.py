@@ -288,3 +288,33 @@ def test_configs_name_the_baseline_heads_once_and_accept_the_former_name() -> No
     assert diff.blocks[0].attn.num_heads == 2  # the layer's own count: two differential heads
     with pytest.raises(TypeError, match="heads_count"):
         SpeechTransformer(heads_count=2)
+
+
+def test_checkpointing_never_recomputes_a_cached_step() -> None:
+    torch.manual_seed(0)
+    stack = Transformer(32, 2, 4, attn="diff", causal=True)
+    stack.set_grad_checkpointing(True)
+    x = torch.randn(1, 5, 32, requires_grad=True)
+    caches = stack.make_kv_caches(1, 8)
+    stack(x, kv_caches=caches).sum().backward()  # a recomputation would append the 5 tokens again
+    assert [c.seq_len for c in caches] == [5, 5]
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_lm_attention_maps_and_outliers_recorded_together() -> None:
+    import inspect
+
+    from diffzoo.analysis import record_attention, record_outliers
+
+    assert "return_attn" not in inspect.signature(CausalLM.forward).parameters
+    torch.manual_seed(0)
+    model = CausalLM(LMConfig(**LM_CFG)).eval()
+    tokens = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        expected = model(tokens)
+        with record_attention(model) as maps, record_outliers(model) as out:
+            logits = model(tokens)
+    assert torch.equal(logits, expected)
+    assert maps.names == [f"blocks.{i}.attn" for i in range(3)]
+    assert sorted(out.names("hidden")) == [f"blocks.{i}" for i in range(3)]  # every block's output is seen
+    assert all(m.attn1.shape == (2, 2, 8, 8) for m in maps)
