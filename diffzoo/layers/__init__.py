@@ -12,7 +12,7 @@ from .matched import MatchedPair, check_matched, count_parameters, matched_atten
 from .mlp import Mlp, SwiGLU
 from .norm import RMSNorm, build_norm
 from .rope import RotaryEmbedding
-from .transformer import Transformer, drop_path_rates, take_indices
+from .transformer import GradCheckpointingMixin, Transformer, drop_path_rates, take_indices
 
 __all__ = [
     "Attention",
@@ -21,6 +21,7 @@ __all__ = [
     "DiffAttention",
     "DiffAttentionV2",
     "DropPath",
+    "GradCheckpointingMixin",
     "KVCache",
     "LayerScale",
     "MatchedPair",

@@ -29,7 +29,7 @@ from .block import Block
 from .heads import check_positive_int
 from .kv_cache import KVCache
 
-__all__ = ["Transformer", "drop_path_rates", "take_indices"]
+__all__ = ["GradCheckpointingMixin", "Transformer", "drop_path_rates", "take_indices"]
 
 
 def drop_path_rates(rate: float, depth: int) -> list[float]:
@@ -169,3 +169,19 @@ class Transformer(nn.ModuleList):
 
     def extra_repr(self) -> str:
         return f"drop_path_rate={self.drop_path_rate}"
+
+
+class GradCheckpointingMixin:
+    """For a model whose ``self.blocks`` is a :class:`Transformer`: timm's and open_clip's
+    ``set_grad_checkpointing`` / ``grad_checkpointing`` act on the stack."""
+
+    blocks: Transformer
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass (not while kv-caches are passed)."""
+        self.blocks.set_grad_checkpointing(enable)
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        return self.blocks.grad_checkpointing

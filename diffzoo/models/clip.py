@@ -70,7 +70,7 @@ from open_clip.utils import to_2tuple
 
 from timm.layers import LayerNorm
 
-from ..layers import Transformer
+from ..layers import GradCheckpointingMixin, Transformer
 from .vit import diff_head_layout, vision_transformer
 
 __all__ = [
@@ -361,7 +361,7 @@ class DiffVisionTower(nn.Module):
 _CLIP_UNPACKED = {"transformer", "attn_mask", "text_pool_type", "pool_type", "eos_id"}
 
 
-class DiffTextTower(nn.Module):
+class DiffTextTower(GradCheckpointingMixin, nn.Module):
     """Text tower: a causal differential (or softmax) transformer over open_clip's tokenizer ids.
 
     ``x = token_embedding(text) + positional_embedding``; blocks with causal and key-padding masks
@@ -473,14 +473,6 @@ class DiffTextTower(nn.Module):
                 for item in group:
                     for p in ([item] if isinstance(item, nn.Parameter) else item.parameters()):
                         p.requires_grad = True
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.blocks.set_grad_checkpointing(enable)
-
-    @property
-    def grad_checkpointing(self) -> bool:
-        return self.blocks.grad_checkpointing
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -26,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import KVCache, RMSNorm, RotaryEmbedding, Transformer, check_matched, resolve_heads
+from ..layers import (
+    GradCheckpointingMixin, KVCache, RMSNorm, RotaryEmbedding, Transformer, check_matched, resolve_heads,
+)
 from ._renamed import accept_former_names, current_names
 
 __all__ = [
@@ -139,7 +141,7 @@ def positions_from_padding(key_padding_mask: Tensor, num_new: int) -> Tensor:
     return pos.clamp(min=0)[:, -num_new:]
 
 
-class CausalLM(nn.Module):
+class CausalLM(GradCheckpointingMixin, nn.Module):
     """Decoder-only LM: token embedding, ``depth`` pre-RMSNorm blocks, final RMSNorm, output projection.
 
     Args:
@@ -190,15 +192,6 @@ class CausalLM(nn.Module):
         ``dtype=None`` stores keys/values in the activations' dtype (bf16 under ``torch.autocast``).
         """
         return self.blocks.make_kv_caches(batch_size, max_seq_len or self.config.max_seq_len, dtype=dtype)
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute each block's activations in the backward pass (training only; not with kv-caches)."""
-        self.blocks.set_grad_checkpointing(enable)
-
-    @property
-    def grad_checkpointing(self) -> bool:
-        return self.blocks.grad_checkpointing
 
     def forward(
         self,

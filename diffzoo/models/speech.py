@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ..layers import Transformer
+from ..layers import GradCheckpointingMixin, Transformer
 from ._renamed import accept_former_names, current_names
 from .vit import vit_init_
 
@@ -215,7 +215,7 @@ class LogMelFrontend(nn.Module):
         return spec, self.num_frames(lengths)
 
 
-class SpeechTransformer(nn.Module):
+class SpeechTransformer(GradCheckpointingMixin, nn.Module):
     """Log-mel front end, frame or patch tokens, bidirectional (differential) transformer, classifier.
 
     Args:
@@ -265,14 +265,6 @@ class SpeechTransformer(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.blocks.set_grad_checkpointing(enable)
-
-    @property
-    def grad_checkpointing(self) -> bool:
-        return self.blocks.grad_checkpointing
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
