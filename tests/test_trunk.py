@@ -318,3 +318,17 @@ def test_lm_attention_maps_and_outliers_recorded_together() -> None:
     assert maps.names == [f"blocks.{i}.attn" for i in range(3)]
     assert sorted(out.names("hidden")) == [f"blocks.{i}" for i in range(3)]  # every block's output is seen
     assert all(m.attn1.shape == (2, 2, 8, 8) for m in maps)
+
+
+def test_lm_exports_with_the_former_head_names_reload(tmp_path, ref) -> None:
+    from diffzoo.tasks.export import save_safetensors
+    from diffzoo.tasks.lm import load_lm
+
+    r = ref["lm"]
+    sd = {k: v for k, v in r["state_dict"].items() if k != "output.weight"}  # tied: exports store it once
+    args = {**LM_CFG, "attn": "diff"}  # the metadata of exports written before the rename: num_heads, num_kv_heads
+    assert "num_heads" in args and "num_kv_heads" in args
+    model = load_lm(save_safetensors(sd, tmp_path / "model.safetensors", "lm_tiny", args)).eval()
+    assert (model.config.baseline_heads, model.config.baseline_kv_heads) == (4, 2)
+    with torch.no_grad():
+        _close(model(r["tokens"]), r["logits"])

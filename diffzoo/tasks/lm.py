@@ -127,7 +127,7 @@ def load_lm(path: Any) -> CausalLM:
         raise ValueError(f"{path} has no diffzoo metadata (model, model_args); load_lm reads the model.safetensors "
                          "that python -m recipes.lm (export_lm) writes")
     name, args = read_metadata(path)
-    fields = {f.name for f in dataclasses.fields(LMConfig)} | set(LM_RENAMED)  # exports name either
+    fields = {f.name for f in dataclasses.fields(LMConfig)} | set(LM_RENAMED)  # older exports use the former names
     if name not in LM_PRESETS or not set(args) <= fields:
         raise ValueError(
             f"{path} holds a {name!r} model, not a diffzoo language model; pass a model.safetensors written by "
