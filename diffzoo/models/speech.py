@@ -27,7 +27,7 @@ each differential model's parameter count is within 0.5 % of its softmax partner
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, NamedTuple, Optional, Union
+from typing import Any, Literal, NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
@@ -196,7 +196,7 @@ class LogMelFrontend(nn.Module):
         lengths = total if lengths is None else lengths.to(wave.device).clamp(max=wave.shape[-1])
         return wave, lengths
 
-    def num_frames(self, num_samples: Union[int, Tensor]) -> Union[int, Tensor]:
+    def num_frames(self, num_samples: int | Tensor) -> int | Tensor:
         """Frames whose whole analysis window lies in ``num_samples`` (int or tensor of sample counts)."""
         return num_frames(num_samples, self.cfg.n_fft, self.cfg.hop_length)
 
