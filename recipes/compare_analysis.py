@@ -102,7 +102,7 @@ def _speech_probe(run: dict) -> Probe:
         with torch.no_grad():
             spec = model.frontend(wave[:1], lengths[:1])[0][0]  # (n_mels, frames)
         plot_spectrogram_attention(
-            spec, record[len(record) - 1], path, patch_time=cfg.patch_time, freq_tokens=cfg.freq_tokens)
+            spec, record[len(record) - 1], path, patch_time=model.frames_per_token, freq_tokens=cfg.freq_tokens)
 
     return Probe(model, evaluate, lambda: model(wave, lengths), speech_relevance(model, wave, lengths), plot,
                  "test top-1 %")

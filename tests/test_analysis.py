@@ -23,6 +23,7 @@ from diffzoo.analysis import (  # importing diffzoo registers its models with ti
     record_attention,
     record_outliers,
     speech_relevance,
+    speech_relevant_tokens,
     token_attention,
     vit_relevance,
 )
@@ -164,14 +165,23 @@ def test_record_attention_on_models_leaves_outputs_unchanged(family, kind):
     a = rec[0].attn1 if kind == "diff" else rec[0].attn
     if family == "lm":
         assert a.triu(1).abs().max() == 0  # causal
-        _, direct = model(*args, return_attn=True)
+        # the maps equal those each attention layer gives itself for its own input
+        inputs = []
+        hooks = [blk.attn.register_forward_pre_hook(lambda m, a, kw: inputs.append((a[0], kw)), with_kwargs=True)
+                 for blk in model.blocks]
+        with torch.no_grad():
+            model(*args, **kwargs)
+        for h in hooks:
+            h.remove()
+        direct = [blk.attn(x, **kw, return_attn=True)[1] for blk, (x, kw) in zip(model.blocks, inputs)]
         for layer, m in zip(rec, direct):
             assert all(torch.allclose(layer.maps[k], m[k], atol=1e-6) for k in m)
-        with record_attention(model, batch=1) as rec2:  # the caller's own return_attn maps are reused
-            _, direct2 = model(*args, return_attn=True)
-        assert direct2[0][next(iter(direct2[0]))].shape[0] == 2  # the caller still gets the whole batch
-        for layer, m in zip(rec2, direct):
-            assert all(torch.equal(layer.maps[k], m[k][1:2] if m[k].dim() else m[k]) for k in m)
+        attn, (x0, kw0) = model.blocks[0].attn, inputs[0]
+        with record_attention(attn, batch=1) as rec2:  # the caller's own return_attn maps are reused
+            _, direct2 = attn(x0, **kw0, return_attn=True)
+        assert direct2[next(iter(direct2))].shape[0] == 2  # the caller still gets the whole batch
+        (layer,) = rec2
+        assert all(torch.equal(layer.maps[k], direct[0][k][1:2] if direct[0][k].dim() else direct[0][k]) for k in direct[0])
     if family == "speech":  # the second clip is padded after 4000 samples: its padded keys get nothing
         valid = 1 + ((4000 - 480) // 160 + 1) // 2
         assert a[1, ..., valid:].abs().max() == 0 and a[1, ..., :valid].sum(-1).min() > 0.99
@@ -235,6 +245,23 @@ def test_speech_relevance_marks_the_tokens_with_energy():
     tokens = rel[:, 1:]  # token t covers frames 2t, 2t + 1 (samples 320t .. 320t + 640)
     assert tokens[0, 5:9].all() and not tokens[0, :3].any() and not tokens[0, 12:].any()
     assert tokens[1, 5] and not tokens[1, 6:].any()  # 2400 samples: 13 valid frames, 6 valid tokens
+
+
+def test_speech_relevance_reads_the_models_framing_and_timm_batches():
+    model = speech()
+    wave = 0.1 * torch.randn(2, 8000)
+    lengths = torch.tensor([8000, 2400])
+    rel, pad = speech_relevant_tokens(model, wave, lengths)
+    # timm's (B, 1, 1, T) input batches give the same tokens as (B, T)
+    rel4, pad4 = speech_relevant_tokens(model, wave[:, None, None], lengths)
+    assert torch.equal(rel4, rel) and torch.equal(pad4, pad)
+    # the padding agrees with the model's own tokens, whatever its framing
+    for framing in (dict(patch_time=4), dict(hop_length=200, patch_time=3)):
+        other = timm.create_model("diffkwt_nano", depth=1, num_classes=5, **framing).eval()
+        rel, pad = speech_relevant_tokens(other, wave, lengths)
+        x, padded = other.tokenize(wave, lengths)
+        assert rel.shape[1] == 1 + x.shape[1] == 1 + other.num_tokens(8000)
+        assert torch.equal(pad[:, 1:], padded)
 
 
 def test_needle_relevance_marks_value_and_queries():

@@ -16,7 +16,7 @@ from diffzoo.data.text import (
     pydoc_topics_text,
     tokenize_corpus,
 )
-from diffzoo.layers import count_parameters
+from diffzoo.layers import Attention, count_parameters
 from diffzoo.models.lm import CausalLM, LMConfig, generate, left_pad, matched_lm_pair, sample_next
 from diffzoo.tasks.retrieval import attention_scores, evaluate_retrieval
 
@@ -263,19 +263,24 @@ def test_attention_scores_on_hand_built_maps() -> None:
 
 
 class _Oracle(torch.nn.Module):
-    """Predicts the true next token (or always token 0) and attends uniformly: checks the accuracy path."""
+    """Predicts the true next token (or always token 0) and attends uniformly: checks the accuracy path.
+
+    Its one attention layer has zero query/key projections, so every query spreads its attention evenly
+    over the keys the causal mask allows; :func:`evaluate_retrieval` records those maps.
+    """
 
     def __init__(self, right: bool) -> None:
         super().__init__()
         self.right = right
-        self.w = torch.nn.Parameter(torch.zeros(()))
+        self.attn = Attention(8, 1, causal=True)
+        torch.nn.init.zeros_(self.attn.q_proj.weight)
+        torch.nn.init.zeros_(self.attn.k_proj.weight)
 
-    def forward(self, tokens, return_attn=False):
+    def forward(self, tokens):
         B, N = tokens.shape
+        self.attn(torch.ones(B, N, 8))
         target = torch.roll(tokens, -1, 1) if self.right else torch.zeros_like(tokens)
-        logits = torch.nn.functional.one_hot(target, 256).float()
-        maps = [{"attn": torch.tril(torch.ones(N, N)).div(torch.arange(1, N + 1)[:, None]).expand(B, 1, N, N)}]
-        return logits, maps
+        return torch.nn.functional.one_hot(target, 256).float()
 
 
 def test_retrieval_evaluation_counts_exact_matches() -> None:

@@ -105,6 +105,24 @@ def test_frontend_shapes_masks_and_specaugment() -> None:
     assert ((masked == 0).all(dim=2).any(dim=1) | (masked == 0).all(dim=1).any(dim=1)).all()
 
 
+@pytest.mark.parametrize("num_samples", [880, 1000, 4000, 8000])
+def test_framing_gives_token_counts_and_times(num_samples: int) -> None:
+    model = _tiny(patch_time=3, hop_length=200, max_seconds=1.0)
+    cfg = model.cfg
+    x, padded = model.tokenize(torch.randn(2, num_samples), torch.tensor([num_samples, num_samples // 2]))
+    assert x.shape[1] == model.num_tokens(num_samples) == model.time_tokens(num_samples) * cfg.freq_tokens
+    valid = model.valid_time_tokens(torch.tensor([num_samples, num_samples // 2]))
+    assert (~padded).sum(1).tolist() == (valid * cfg.freq_tokens).tolist()
+    assert model.frames_per_token == 3
+    times = model.token_times(num_samples)  # token t reads frames 3t .. 3t + 2: samples 600t .. 600t + 400 + 480
+    assert times.shape == (model.time_tokens(num_samples), 2)
+    assert times[0].tolist() == pytest.approx([0.0, (2 * 200 + 480) / 16000])
+    if len(times) > 1:
+        assert float(times[1, 0] - times[0, 0]) == pytest.approx(3 * 200 / 16000)
+    if num_samples >= cfg.n_fft:  # the last full token ends inside the clip
+        assert float(times[-1, 1]) <= num_samples / 16000
+
+
 def test_two_dimensional_patches_are_time_major() -> None:
     model = _tiny(n_mels=32, patch_freq=8, patch_time=4).eval()
     feats = model.forward_features(0.1 * torch.randn(2, 16000), torch.tensor([16000, 8000]))

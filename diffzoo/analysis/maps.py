@@ -308,7 +308,7 @@ class AttentionRecord:
         return [layer.name for layer in self.layers]
 
     def maps(self) -> list[dict[str, Tensor]]:
-        """The layers' dicts, as a model returns them with ``return_attn=True``."""
+        """The layers' maps dicts in call order (what :func:`attention_noise` and the retrieval scores read)."""
         return [layer.maps for layer in self.layers]
 
     def lambdas(self) -> list[float]:
@@ -503,8 +503,8 @@ def attention_noise(layers: MapsLike, query: Any = None, relevant: Any = None) -
     """Answer share, entropy and negative share of every layer's effective map.
 
     Args:
-        layers: an :class:`AttentionRecord`, a list of :class:`LayerAttention`, or the list of dicts a
-            model returns with ``return_attn=True`` (all layers must share ``B`` and ``Nq, Nk``).
+        layers: an :class:`AttentionRecord`, a list of :class:`LayerAttention`, or a list of maps dicts
+            as attention layers give them with ``return_attn=True`` (all must share ``B`` and ``Nq, Nk``).
         query: the query tokens ``G`` (see :func:`answer_share`); None = every token.
         relevant: the answer tokens ``A``; None skips the answer share.
 
@@ -605,29 +605,24 @@ def speech_relevant_tokens(
 
     A spectrogram frame is speech when its mel power (the model's own ``MelSpectrogram``, fp32) lies
     within ``top_db`` decibels of the loudest valid frame of its clip; a token is relevant when any of
-    its ``patch_time`` frames is speech and it is not padding. Tokens are time-major (``T' x F'``) after
-    the class token, as :meth:`SpeechTransformer.tokenize` orders them.
+    its frames is speech and it is not padding. The framing (frames per token, token count, valid
+    tokens) is the model's own (:meth:`SpeechTransformer.time_tokens`, ``valid_time_tokens``). Tokens are
+    time-major (``T' x F'``) after the class token, as :meth:`SpeechTransformer.tokenize` orders them.
 
     Returns:
         ``(relevant, padding)``, each bool ``(B, 1 + N)`` (the class token: not relevant, not padding).
     """
-    cfg = model.cfg
-    if wave.dim() == 3:
-        wave = wave[:, 0]
-    if wave.shape[-1] < cfg.n_fft:
-        wave = nn.functional.pad(wave, (0, cfg.n_fft - wave.shape[-1]))
+    wave, lengths = model.frontend.prepare(wave, lengths)
     power = model.frontend.mel(wave.float()).sum(1)  # (B, frames)
-    total = torch.full((wave.shape[0],), wave.shape[-1], device=wave.device)
-    lengths = total if lengths is None else lengths.to(wave.device).clamp(max=wave.shape[-1])
-    valid_frames = torch.where(lengths >= cfg.n_fft, (lengths - cfg.n_fft) // cfg.hop_length + 1, 0)
-    Tp = power.shape[1] // cfg.patch_time
-    frame_ok = torch.arange(power.shape[1], device=wave.device)[None] < valid_frames[:, None]
+    per_token = model.frames_per_token
+    Tp = model.time_tokens(wave.shape[-1])
+    frame_ok = torch.arange(power.shape[1], device=wave.device)[None] < model.frontend.num_frames(lengths)[:, None]
     db = 10 * torch.log10(power + 1e-10)
     peak = torch.where(frame_ok, db, torch.full_like(db, -torch.inf)).amax(1, keepdim=True)
     speech = (db >= peak - top_db) & frame_ok
-    speech = speech[:, : Tp * cfg.patch_time].reshape(-1, Tp, cfg.patch_time).any(-1)  # (B, T')
-    padded = torch.arange(Tp, device=wave.device)[None] >= (valid_frames // cfg.patch_time)[:, None]
-    Fp = cfg.freq_tokens
+    speech = speech[:, : Tp * per_token].reshape(-1, Tp, per_token).any(-1)  # (B, T')
+    padded = torch.arange(Tp, device=wave.device)[None] >= model.valid_time_tokens(lengths)[:, None]
+    Fp = model.cfg.freq_tokens
     rel = (speech & ~padded).repeat_interleave(Fp, 1)
     pad = padded.repeat_interleave(Fp, 1)
     false = rel.new_zeros(rel.shape[0], 1)

@@ -121,8 +121,7 @@ def record_outliers(
         k: top-k of the ``topk`` statistics.
         layers: which attention layers (see :data:`~diffzoo.analysis.maps.LayerSelection`).
         hidden: module names, or a predicate ``(name, module)``, whose outputs are the hidden states;
-            default every :class:`diffzoo.layers.Block` and timm ViT ``Block``. (CausalLM's ``return_attn=True`` path unrolls
-            its blocks and so bypasses the hooks; record without it.)
+            default every :class:`diffzoo.layers.Block` and timm ViT ``Block``.
 
     Yields:
         an :class:`OutlierRecord`, filled as the model runs.

@@ -1,6 +1,6 @@
 """diffzoo.layers: the public building blocks of differential-attention transformers.
 
-    from diffzoo.layers import DiffAttention, Block
+    from diffzoo.layers import DiffAttention, Block, Transformer
 """
 
 from .attention import Attention, AttentionBase
@@ -12,6 +12,7 @@ from .matched import MatchedPair, check_matched, count_parameters, matched_atten
 from .mlp import Mlp, SwiGLU
 from .norm import RMSNorm, build_norm
 from .rope import RotaryEmbedding
+from .transformer import GradCheckpointingMixin, Transformer, drop_path_rates, take_indices
 
 __all__ = [
     "Attention",
@@ -20,6 +21,7 @@ __all__ = [
     "DiffAttention",
     "DiffAttentionV2",
     "DropPath",
+    "GradCheckpointingMixin",
     "KVCache",
     "LayerScale",
     "MatchedPair",
@@ -27,12 +29,15 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "SwiGLU",
+    "Transformer",
     "build_attention",
     "build_norm",
     "check_matched",
     "count_parameters",
     "diff_heads_for_baseline",
+    "drop_path_rates",
     "lambda_init_schedule",
     "matched_attention_pair",
     "resolve_heads",
+    "take_indices",
 ]

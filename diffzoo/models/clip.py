@@ -66,11 +66,11 @@ import open_clip.model as _oc_model
 from open_clip.model import CLIPTextCfg, CLIPVisionCfg, CustomTextCLIP
 from open_clip.transform import PreprocessCfg
 from open_clip.transformer import QuickGELU
-from open_clip.utils import feature_take_indices, to_2tuple
+from open_clip.utils import to_2tuple
 
 from timm.layers import LayerNorm
 
-from ..layers import Block
+from ..layers import GradCheckpointingMixin, Transformer
 from .vit import diff_head_layout, vision_transformer
 
 __all__ = [
@@ -361,7 +361,7 @@ class DiffVisionTower(nn.Module):
 _CLIP_UNPACKED = {"transformer", "attn_mask", "text_pool_type", "pool_type", "eos_id"}
 
 
-class DiffTextTower(nn.Module):
+class DiffTextTower(GradCheckpointingMixin, nn.Module):
     """Text tower: a causal differential (or softmax) transformer over open_clip's tokenizer ids.
 
     ``x = token_embedding(text) + positional_embedding``; blocks with causal and key-padding masks
@@ -373,7 +373,8 @@ class DiffTextTower(nn.Module):
         context_length: maximum number of tokens (position embeddings).
         vocab_size: token ids (open_clip's tokenizer: 49408).
         width: transformer width.
-        heads: heads of the *softmax baseline* (``attn="diff"`` uses ``heads / 2`` differential heads).
+        heads: heads of the *softmax baseline* (open_clip's ``text_cfg`` name for what diffzoo's other
+            configs call ``baseline_heads``; ``attn="diff"`` uses ``heads / 2`` differential heads).
         layers: number of blocks.
         mlp_ratio: feed-forward hidden width relative to ``width``.
         ls_init_value: LayerScale initial value, or None.
@@ -411,20 +412,15 @@ class DiffTextTower(nn.Module):
         self.context_length, self.vocab_size, self.width = context_length, vocab_size, width
         self.pad_id, self.output_dim, self.attn_kind = pad_id, embed_dim, cfg.attn
         self.causal = not no_causal_mask
-        self.grad_checkpointing = False
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
         act = cfg.act_layer(quick_gelu)
-        dpr = [cfg.drop_path_rate * i / max(layers - 1, 1) for i in range(layers)]
-        self.blocks = nn.ModuleList([
-            Block(
-                width, heads, attn=cfg.attn, head_dim=cfg.head_dim, mlp_ratio=mlp_ratio, depth=i,
-                lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias, causal=self.causal, attn_drop=cfg.attn_drop,
-                proj_drop=cfg.proj_drop, drop_path=dpr[i], layer_scale_init=ls_init_value, act_layer=act,
-                norm_eps=cfg.norm_eps, backend=cfg.backend,
-            )
-            for i in range(layers)
-        ])
+        self.blocks = Transformer(
+            width, layers, heads, attn=cfg.attn, head_dim=cfg.head_dim, mlp_ratio=mlp_ratio,
+            lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias, causal=self.causal, attn_drop=cfg.attn_drop,
+            proj_drop=cfg.proj_drop, drop_path_rate=cfg.drop_path_rate, layer_scale_init=ls_init_value,
+            act_layer=act, norm_eps=cfg.norm_eps, backend=cfg.backend,
+        )
         self.ln_final = nn.LayerNorm(width, eps=cfg.norm_eps)
         self.text_projection = nn.Parameter(torch.empty(width, embed_dim))
         self.init_parameters()
@@ -479,10 +475,6 @@ class DiffTextTower(nn.Module):
                         p.requires_grad = True
 
     @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {"positional_embedding"}
 
@@ -514,19 +506,13 @@ class DiffTextTower(nn.Module):
         x = self.token_embedding(text) + self.positional_embedding[:N]  # (B, N, width)
         return x, eot, key_padding_mask
 
-    def _block(self, blk: nn.Module, x: Tensor, key_padding_mask: Tensor) -> Tensor:
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(blk, x, key_padding_mask=key_padding_mask, use_reentrant=False)
-        return blk(x, key_padding_mask=key_padding_mask)
-
     def _pool(self, x: Tensor, eot: Tensor) -> Tensor:
         return x[torch.arange(x.shape[0], device=x.device), eot] @ self.text_projection  # (B, embed_dim)
 
     def forward(self, text: Tensor) -> Tensor:
         """``(B, N)`` token ids (``N <= context_length``) -> ``(B, embed_dim)`` features (not L2-normalised)."""
         x, eot, key_padding_mask = self._embed(text)
-        for blk in self.blocks:
-            x = self._block(blk, x, key_padding_mask)  # (B, N, width)
+        x = self.blocks(x, key_padding_mask=key_padding_mask)  # (B, N, width)
         return self._pool(self.ln_final(x), eot)
 
     def forward_intermediates(
@@ -543,13 +529,11 @@ class DiffTextTower(nn.Module):
         if output_fmt != "NLC":
             raise ValueError(f"output_fmt={output_fmt!r}; text intermediates are 'NLC'")
         x, eot, key_padding_mask = self._embed(text)
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        blocks = self.blocks[: max_index + 1] if stop_early and intermediates_only else self.blocks
-        intermediates = []
-        for i, blk in enumerate(blocks):
-            x = self._block(blk, x, key_padding_mask)
-            if i in take:
-                intermediates.append(self.ln_final(x) if normalize_intermediates else x)
+        x, intermediates = self.blocks.forward_intermediates(
+            x, indices, stop_early=stop_early and intermediates_only, key_padding_mask=key_padding_mask
+        )
+        if normalize_intermediates:
+            intermediates = [self.ln_final(t) for t in intermediates]
         out: dict[str, Union[Tensor, list[Tensor]]] = {"text_intermediates": intermediates}
         if not intermediates_only:
             out["text_features"] = self._pool(self.ln_final(x), eot)

@@ -65,8 +65,8 @@ def config_from_hf(hf_config: "DiffLlamaConfig", **overrides: Any) -> LMConfig:
         raise ValueError(f"rope_type={rope['rope_type']!r}: only the default (unscaled) RoPE is supported")
     theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
     kwargs = dict(
-        vocab_size=c.vocab_size, dim=c.hidden_size, depth=c.num_hidden_layers, num_heads=c.num_attention_heads,
-        num_kv_heads=c.num_key_value_heads, attn="diff", intermediate_size=c.intermediate_size,
+        vocab_size=c.vocab_size, dim=c.hidden_size, depth=c.num_hidden_layers, baseline_heads=c.num_attention_heads,
+        baseline_kv_heads=c.num_key_value_heads, attn="diff", intermediate_size=c.intermediate_size,
         rope_base=float(theta), norm_eps=c.rms_norm_eps, tie_embeddings=bool(c.tie_word_embeddings),
         bias=bool(c.attention_bias), max_seq_len=c.max_position_embeddings,
     )
@@ -84,8 +84,8 @@ def config_to_hf(config: LMConfig, **overrides: Any) -> "DiffLlamaConfig":
         raise ValueError("DiffLlama always uses the depth schedule of lambda_init; this config fixes it")
     kwargs = dict(
         vocab_size=config.vocab_size, hidden_size=config.dim, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.depth, num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads, hidden_act="silu", max_position_embeddings=config.max_seq_len,
+        num_hidden_layers=config.depth, num_attention_heads=config.baseline_heads,
+        num_key_value_heads=config.baseline_kv_heads, hidden_act="silu", max_position_embeddings=config.max_seq_len,
         rms_norm_eps=config.norm_eps, tie_word_embeddings=config.tie_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_base},
         attention_bias=config.bias, attention_dropout=0.0, pad_token_id=None, bos_token_id=None, eos_token_id=None,
@@ -96,7 +96,7 @@ def config_to_hf(config: LMConfig, **overrides: Any) -> "DiffLlamaConfig":
 
 def hf_state_dict_to_diffzoo(sd: dict[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
     """Rename and permute a ``DiffLlamaForCausalLM`` state dict into :class:`CausalLM`'s."""
-    H, Hkv, d = config.num_heads // 2, config.num_kv_heads // 2, config.head_dim
+    H, Hkv, d = config.baseline_heads // 2, config.baseline_kv_heads // 2, config.head_dim
     out: dict[str, Tensor] = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
     out["output.weight"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
     for i in range(config.depth):
@@ -120,7 +120,7 @@ def hf_state_dict_to_diffzoo(sd: dict[str, Tensor], config: LMConfig) -> dict[st
 
 def diffzoo_state_dict_to_hf(sd: dict[str, Tensor], config: LMConfig) -> dict[str, Tensor]:
     """Rename and permute a :class:`CausalLM` state dict into ``DiffLlamaForCausalLM``'s."""
-    H, Hkv, d = config.num_heads // 2, config.num_kv_heads // 2, config.head_dim
+    H, Hkv, d = config.baseline_heads // 2, config.baseline_kv_heads // 2, config.head_dim
     out: dict[str, Tensor] = {"model.embed_tokens.weight": sd["tok_embeddings.weight"], "model.norm.weight": sd["norm.weight"]}
     out["lm_head.weight"] = sd["output.weight"]
     for i in range(config.depth):

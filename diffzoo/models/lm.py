@@ -26,20 +26,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import Block, KVCache, RMSNorm, RotaryEmbedding, check_matched, resolve_heads
+from ..layers import (
+    GradCheckpointingMixin, KVCache, RMSNorm, RotaryEmbedding, Transformer, check_matched, resolve_heads,
+)
+from ._renamed import accept_former_names, current_names
 
 __all__ = [
     "LM_PRESETS",
+    "LM_RENAMED",
     "CausalLM",
     "LMConfig",
     "generate",
     "left_pad",
     "matched_lm_pair",
     "positions_from_padding",
+    "preset_args",
     "sample_next",
 ]
 
 
+LM_RENAMED = {"num_heads": "baseline_heads", "num_kv_heads": "baseline_kv_heads"}  # former name -> field
+
+
+@accept_former_names(LM_RENAMED)
 @dataclass
 class LMConfig:
     """Architecture of :class:`CausalLM` (litgpt-style: one typed config, named presets below)."""
@@ -47,8 +56,11 @@ class LMConfig:
     vocab_size: int = 256  # byte-level by default (no tokenizer download)
     dim: int = 128  # model width D
     depth: int = 4  # number of blocks
-    num_heads: int = 4  # heads of the softmax baseline; "diff" uses num_heads / 2 heads of two q/k pairs
-    num_kv_heads: Optional[int] = None  # baseline key/value heads (GQA); None = num_heads
+    # Head counts are always the softmax baseline's (one name across diffzoo's model configs); an
+    # attention layer's own ``num_heads`` is what it runs: baseline_heads / 2 for "diff", baseline_heads
+    # output heads for "diff_v2" and the softmax baseline.
+    baseline_heads: int = 4  # heads of the softmax baseline; "diff" uses baseline_heads / 2 heads of two q/k pairs
+    baseline_kv_heads: Optional[int] = None  # baseline key/value heads (GQA); None = baseline_heads
     attn: str = "diff"  # "diff" (V1, the paper), "diff_v2" or "softmax"
     intermediate_size: Optional[int] = None  # SwiGLU hidden width; None = LLaMA's 8/3 D rounded up to multiple_of
     multiple_of: int = 32  # rounding of the default intermediate size
@@ -60,48 +72,59 @@ class LMConfig:
     init_std: float = 0.02  # normal init of linear and embedding weights
     max_seq_len: int = 2048  # default kv-cache length of generate()
     backend: Optional[str] = None  # attention kernel backend (None follows diffzoo.kernels' selection)
+    # Former names, still accepted by __init__ and replace() and readable: num_heads -> baseline_heads,
+    # num_kv_heads -> baseline_kv_heads (LM_RENAMED).
 
     def __post_init__(self) -> None:
         if self.attn not in ("diff", "diff_v2", "softmax"):
             raise ValueError(f"attn={self.attn!r}; expected 'diff', 'diff_v2' or 'softmax'")
-        if self.num_kv_heads is None:
-            self.num_kv_heads = self.num_heads
-        for name in ("vocab_size", "dim", "depth", "num_heads", "num_kv_heads", "multiple_of", "max_seq_len"):
+        if self.baseline_kv_heads is None:
+            self.baseline_kv_heads = self.baseline_heads
+        for name in ("vocab_size", "dim", "depth", "baseline_heads", "baseline_kv_heads", "multiple_of", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        resolve_heads(self.dim, self.num_heads, self.num_kv_heads)
-        if self.attn == "diff" and (self.num_heads % 2 or self.num_kv_heads % 2):
+        resolve_heads(self.dim, self.baseline_heads, self.baseline_kv_heads)
+        if self.attn == "diff" and (self.baseline_heads % 2 or self.baseline_kv_heads % 2):
             raise ValueError(
-                f"attn='diff' pairs the baseline's heads: num_heads={self.num_heads} and "
-                f"num_kv_heads={self.num_kv_heads} must both be even"
+                f"attn='diff' pairs the baseline's heads: baseline_heads={self.baseline_heads} and "
+                f"baseline_kv_heads={self.baseline_kv_heads} must both be even"
             )
-        if (self.dim // self.num_heads) % 2:
-            raise ValueError(f"head width dim / num_heads = {self.dim // self.num_heads} must be even for RoPE")
+        if (self.dim // self.baseline_heads) % 2:
+            raise ValueError(
+                f"head width dim / baseline_heads = {self.dim // self.baseline_heads} must be even for RoPE"
+            )
         if self.intermediate_size is None:
             hidden = int(8 * self.dim / 3)
             self.intermediate_size = self.multiple_of * math.ceil(hidden / self.multiple_of)
 
     @property
     def head_dim(self) -> int:
-        """Query/key width ``d`` of every head (the baseline's ``dim / num_heads``)."""
-        return self.dim // self.num_heads
+        """Query/key width ``d`` of every head (the baseline's ``dim / baseline_heads``)."""
+        return self.dim // self.baseline_heads
 
     def replace(self, **changes: Any) -> "LMConfig":
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again); former field names are accepted."""
+        return dataclasses.replace(self, **current_names(changes, LM_RENAMED))
 
 
 # Named presets. The first three train on 2 CPU cores; lm_paper_3b is the paper's 3B shape (Table 6).
 LM_PRESETS: dict[str, dict[str, Any]] = {
-    "lm_tiny": dict(dim=64, depth=2, num_heads=4, intermediate_size=160),  # tests: ~0.11 M parameters
-    "lm_nano": dict(dim=128, depth=4, num_heads=4),  # the CPU recipe: ~0.84 M parameters
-    "lm_micro": dict(dim=256, depth=6, num_heads=8, num_kv_heads=4),  # ~4.5 M, GQA
-    "lm_small": dict(dim=768, depth=12, num_heads=12, num_kv_heads=4, vocab_size=32000),  # GPT-2-small size
+    "lm_tiny": dict(dim=64, depth=2, baseline_heads=4, intermediate_size=160),  # tests: ~0.11 M parameters
+    "lm_nano": dict(dim=128, depth=4, baseline_heads=4),  # the CPU recipe: ~0.84 M parameters
+    "lm_micro": dict(dim=256, depth=6, baseline_heads=8, baseline_kv_heads=4),  # ~4.5 M, GQA
+    "lm_small": dict(dim=768, depth=12, baseline_heads=12, baseline_kv_heads=4, vocab_size=32000),  # GPT-2-small size
     "lm_paper_3b": dict(
-        dim=3072, depth=28, num_heads=24, num_kv_heads=24, intermediate_size=8192, vocab_size=100288,
+        dim=3072, depth=28, baseline_heads=24, baseline_kv_heads=24, intermediate_size=8192, vocab_size=100288,
         tie_embeddings=False, max_seq_len=4096,
     ),
 }
+
+
+def preset_args(name: str, **overrides: Any) -> dict[str, Any]:
+    """:class:`LMConfig` arguments of the preset ``name`` with ``overrides`` (former field names accepted)."""
+    if name not in LM_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(LM_PRESETS)}")
+    return {**LM_PRESETS[name], **current_names(overrides, LM_RENAMED)}
 
 
 def positions_from_padding(key_padding_mask: Tensor, num_new: int) -> Tensor:
@@ -118,7 +141,7 @@ def positions_from_padding(key_padding_mask: Tensor, num_new: int) -> Tensor:
     return pos.clamp(min=0)[:, -num_new:]
 
 
-class CausalLM(nn.Module):
+class CausalLM(GradCheckpointingMixin, nn.Module):
     """Decoder-only LM: token embedding, ``depth`` pre-RMSNorm blocks, final RMSNorm, output projection.
 
     Args:
@@ -130,14 +153,11 @@ class CausalLM(nn.Module):
         self.config = cfg = config
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         rope = RotaryEmbedding(cfg.head_dim, base=cfg.rope_base)  # no parameters: shared by every block
-        self.blocks = nn.ModuleList(
-            Block(
-                cfg.dim, cfg.num_heads, attn=cfg.attn, num_kv_heads=cfg.num_kv_heads,
-                mlp_hidden_dim=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm", depth=i,
-                lambda_init=cfg.lambda_init, qkv_bias=cfg.bias, proj_bias=cfg.bias, mlp_bias=False, causal=True,
-                rope=rope, norm_eps=cfg.norm_eps, sub_norm_eps=cfg.norm_eps, backend=cfg.backend,
-            )
-            for i in range(cfg.depth)
+        self.blocks = Transformer(
+            cfg.dim, cfg.depth, cfg.baseline_heads, attn=cfg.attn, num_kv_heads=cfg.baseline_kv_heads,
+            mlp_hidden_dim=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm", lambda_init=cfg.lambda_init,
+            qkv_bias=cfg.bias, proj_bias=cfg.bias, mlp_bias=False, causal=True, rope=rope, norm_eps=cfg.norm_eps,
+            sub_norm_eps=cfg.norm_eps, backend=cfg.backend,
         )
         self.norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -148,9 +168,7 @@ class CausalLM(nn.Module):
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "CausalLM":
         """Build a named preset (``LM_PRESETS``), e.g. ``CausalLM.from_preset("lm_nano", attn="softmax")``."""
-        if name not in LM_PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(LM_PRESETS)}")
-        return cls(LMConfig(**{**LM_PRESETS[name], **overrides}))
+        return cls(LMConfig(**preset_args(name, **overrides)))
 
     def reset_parameters(self) -> None:
         """Normal(0, init_std) weights; residual output projections scaled by ``1/sqrt(2 depth)`` (GPT-2)."""
@@ -173,8 +191,7 @@ class CausalLM(nn.Module):
 
         ``dtype=None`` stores keys/values in the activations' dtype (bf16 under ``torch.autocast``).
         """
-        n = max_seq_len or self.config.max_seq_len
-        return [block.attn.make_kv_cache(batch_size, n, dtype=dtype) for block in self.blocks]
+        return self.blocks.make_kv_caches(batch_size, max_seq_len or self.config.max_seq_len, dtype=dtype)
 
     def forward(
         self,
@@ -183,9 +200,8 @@ class CausalLM(nn.Module):
         key_padding_mask: Optional[Tensor] = None,
         positions: Optional[Tensor] = None,
         kv_caches: Optional[Sequence[KVCache]] = None,
-        return_attn: bool = False,
-    ) -> Union[Tensor, tuple[Tensor, list[dict[str, Tensor]]]]:
-        """Next-token logits.
+    ) -> Tensor:
+        """Next-token logits ``(B, N, vocab_size)`` (fp32 or the parameter dtype).
 
         Args:
             tokens: int ``(B, N)``.
@@ -195,35 +211,41 @@ class CausalLM(nn.Module):
             positions: explicit RoPE positions ``(N,)`` or ``(B, N)`` (default: from the padding, else
                 continuing the cache, else ``0..N-1``).
             kv_caches: from :meth:`make_kv_caches`, updated in place.
-            return_attn: also return each block's attention maps (dicts as the attention layers give).
 
-        Returns:
-            ``(B, N, vocab_size)`` fp32-or-parameter-dtype logits, or ``(logits, maps)``.
+        Attention maps come from :func:`diffzoo.analysis.record_attention` around this call.
         """
+        x, positions = self._embed(tokens, key_padding_mask, positions)
+        x = self.blocks(x, key_padding_mask=key_padding_mask, positions=positions, kv_caches=kv_caches)
+        return self.output(self.norm(x))  # (B, N, vocab)
+
+    def forward_intermediates(
+        self,
+        tokens: Tensor,
+        indices: int | list[int] | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+    ) -> list[Tensor]:
+        """Hidden states ``(B, N, dim)`` after the selected blocks (None: all; ``n``: the last ``n``).
+
+        ``norm=True`` applies the final RMSNorm to each; ``stop_early`` skips the blocks after the last
+        selected one.
+        """
+        x, positions = self._embed(tokens, key_padding_mask, positions)
+        _, out = self.blocks.forward_intermediates(
+            x, indices, stop_early=stop_early, key_padding_mask=key_padding_mask, positions=positions
+        )
+        return [self.norm(t) for t in out] if norm else out
+
+    def _embed(self, tokens: Tensor, key_padding_mask: Tensor | None,
+               positions: Tensor | None) -> tuple[Tensor, Tensor | None]:
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, length) integers, got shape {tuple(tokens.shape)}")
-        if kv_caches is not None and len(kv_caches) != len(self.blocks):
-            raise ValueError(f"got {len(kv_caches)} kv-caches for {len(self.blocks)} blocks")
-        N = tokens.shape[1]
         if positions is None and key_padding_mask is not None:
-            positions = positions_from_padding(key_padding_mask, N)
-        x = self.tok_embeddings(tokens)  # (B, N, D)
-        maps: list[dict[str, Tensor]] = []
-        for i, block in enumerate(self.blocks):
-            kwargs = dict(
-                key_padding_mask=key_padding_mask, positions=positions,
-                kv_cache=None if kv_caches is None else kv_caches[i],
-            )
-            if return_attn:
-                # Block.forward returns only the hidden states; unroll it to keep the maps.
-                a, m = block.attn(block.norm1(x), return_attn=True, **kwargs)
-                x = x + block.drop_path1(block.ls1(a))
-                x = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
-                maps.append(m)
-            else:
-                x = block(x, **kwargs)
-        logits = self.output(self.norm(x))  # (B, N, vocab)
-        return (logits, maps) if return_attn else logits
+            positions = positions_from_padding(key_padding_mask, tokens.shape[1])
+        return self.tok_embeddings(tokens), positions  # (B, N, D)
 
 
 def matched_lm_pair(config: LMConfig) -> tuple[CausalLM, CausalLM]:

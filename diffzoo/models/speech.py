@@ -35,15 +35,20 @@ from torch import Tensor, nn
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ..layers import Block
+from ..layers import GradCheckpointingMixin, Transformer
+from ._renamed import accept_former_names, current_names
 from .vit import vit_init_
 
 __all__ = [
-    "LogMelFrontend", "SpeechEncoderConfig", "SpeechFeatures", "SpeechTransformer", "SPEECH_CONFIGS",
+    "LogMelFrontend", "SPEECH_RENAMED", "SpeechEncoderConfig", "SpeechFeatures", "SpeechTransformer", "SPEECH_CONFIGS",
     "speech_model_names", "matched_speech_name",
 ]
 
 
+SPEECH_RENAMED = {"num_heads": "baseline_heads"}  # former config name -> field
+
+
+@accept_former_names(SPEECH_RENAMED)
 @dataclass
 class SpeechEncoderConfig:
     """Front end and transformer of a speech encoder (one field switches softmax / differential).
@@ -66,8 +71,10 @@ class SpeechEncoderConfig:
     Transformer:
         embed_dim: width ``D``.
         depth: blocks.
-        num_heads: heads of the *softmax baseline*; ``attn="diff"`` converts them (2H -> H).
-        head_dim: differential q/k width, needed for an odd ``num_heads`` (KWT-1: 1 head).
+        baseline_heads: heads of the *softmax baseline* (the one head-count name of diffzoo's model
+            configs; former name ``num_heads``, still accepted and readable). ``attn="diff"`` converts them
+            (2H -> H); an attention layer's own ``num_heads`` is the count it runs.
+        head_dim: differential q/k width, needed for an odd ``baseline_heads`` (KWT-1: 1 head).
         attn: ``"diff"``, ``"softmax"`` or ``"diff_v2"``.
         mlp_ratio: feed-forward width relative to ``D``.
         qkv_bias: biases on q/k/v.
@@ -95,7 +102,7 @@ class SpeechEncoderConfig:
     patch_time: int = 1
     embed_dim: int = 64
     depth: int = 12
-    num_heads: int = 1
+    baseline_heads: int = 1  # heads of the softmax baseline (attn="diff" runs baseline_heads / 2)
     head_dim: Optional[int] = None
     attn: Literal["diff", "softmax", "diff_v2"] = "diff"
     mlp_ratio: float = 4.0
@@ -183,7 +190,11 @@ class LogMelFrontend(nn.Module):
         )
         return spec.abs().pow(2.0)
 
-    def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def prepare(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """The waveform as ``(B, T)``, zero-padded to at least one window, and valid samples ``(B,)``.
+
+        Accepts ``(B, T)``, ``(B, 1, T)`` and timm's ``(B, 1, 1, T)``; ``lengths`` defaults to the whole clip.
+        """
         if wave.dim() == 4 and wave.shape[1:3] == (1, 1):  # timm's (B, C, H, W) batch of input_size (1, 1, T)
             wave = wave[:, 0, 0]
         if wave.dim() == 3 and wave.shape[1] == 1:
@@ -196,6 +207,14 @@ class LogMelFrontend(nn.Module):
             wave = nn.functional.pad(wave, (0, self.cfg.n_fft - wave.shape[-1]))
         total = torch.full((wave.shape[0],), wave.shape[-1], device=wave.device)
         lengths = total if lengths is None else lengths.to(wave.device).clamp(max=wave.shape[-1])
+        return wave, lengths
+
+    def num_frames(self, num_samples: int | Tensor) -> int | Tensor:
+        """Frames whose whole analysis window lies in ``num_samples`` (int or tensor of sample counts)."""
+        return num_frames(num_samples, self.cfg.n_fft, self.cfg.hop_length)
+
+    def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        wave, lengths = self.prepare(wave, lengths)
         with torch.autocast(wave.device.type, enabled=False):  # the FFT and log want fp32
             spec = (self.mel.mel_scale(self._power_spectrum(wave.float())) + 1e-6).log()  # (B, n_mels, frames)
         spec = (spec - self.cfg.mel_mean) / self.cfg.mel_std
@@ -206,10 +225,10 @@ class LogMelFrontend(nn.Module):
             for _ in range(self.cfg.time_masks):
                 spec = self.time_mask(spec)
             spec = spec.squeeze(1)
-        return spec, num_frames(lengths, self.cfg.n_fft, self.cfg.hop_length)
+        return spec, self.num_frames(lengths)
 
 
-class SpeechTransformer(nn.Module):
+class SpeechTransformer(GradCheckpointingMixin, nn.Module):
     """Log-mel front end, frame or patch tokens, bidirectional (differential) transformer, classifier.
 
     Args:
@@ -224,9 +243,10 @@ class SpeechTransformer(nn.Module):
         if in_chans != 1:
             raise ValueError(f"in_chans={in_chans}: speech encoders take mono audio (mix channels down first)")
         known = {f.name for f in fields(SpeechEncoderConfig)}
-        unknown = sorted(set(kwargs) - known)
+        unknown = sorted(set(kwargs) - known - set(SPEECH_RENAMED))
         if unknown:
             raise TypeError(f"unknown SpeechTransformer argument(s) {unknown}; config fields are {sorted(known)}")
+        kwargs = current_names(kwargs, SPEECH_RENAMED)
         base = asdict(config) if config is not None else {}
         cfg = self.cfg = SpeechEncoderConfig(**{**base, **kwargs})
         self.num_classes = num_classes
@@ -234,21 +254,17 @@ class SpeechTransformer(nn.Module):
         self.attn_kind = cfg.attn
         self.num_features = self.head_hidden_size = self.embed_dim = cfg.embed_dim
         self.num_prefix_tokens = 1
-        self.grad_checkpointing = False
 
         self.frontend = LogMelFrontend(cfg)
         # (B, 1, n_mels, frames) -> (B, D, F', T'): non-overlapping patches, one per token
         self.patch_embed = nn.Conv2d(1, cfg.embed_dim, (cfg.patch_freq, cfg.patch_time), (cfg.patch_freq, cfg.patch_time))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.max_time_tokens, cfg.freq_tokens, cfg.embed_dim))
-        dpr = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList(
-            Block(
-                cfg.embed_dim, cfg.num_heads, attn=cfg.attn, head_dim=cfg.head_dim if cfg.attn == "diff" else None,
-                mlp_ratio=cfg.mlp_ratio, depth=i, lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias,
-                attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, drop_path=dpr[i], backend=cfg.backend,
-            )
-            for i in range(cfg.depth)
+        self.blocks = Transformer(
+            cfg.embed_dim, cfg.depth, cfg.baseline_heads, attn=cfg.attn,
+            head_dim=cfg.head_dim if cfg.attn == "diff" else None, mlp_ratio=cfg.mlp_ratio,
+            lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias, attn_drop=cfg.attn_drop_rate,
+            proj_drop=cfg.proj_drop_rate, drop_path_rate=cfg.drop_path_rate, backend=cfg.backend,
         )
         self.norm = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
         self.head_drop = nn.Dropout(cfg.drop_rate)
@@ -262,10 +278,6 @@ class SpeechTransformer(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token"}
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
@@ -283,6 +295,32 @@ class SpeechTransformer(nn.Module):
             trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
 
+    # -- framing -------------------------------------------------------------------------------
+    @property
+    def frames_per_token(self) -> int:
+        """Spectrogram frames per time token (``patch_time``)."""
+        return self.cfg.patch_time
+
+    def time_tokens(self, num_samples: int) -> int:
+        """Time positions ``T'`` of the tokens of an input of ``num_samples`` samples (padding included)."""
+        return self.frontend.num_frames(max(int(num_samples), self.cfg.n_fft)) // self.frames_per_token
+
+    def num_tokens(self, num_samples: int) -> int:
+        """Tokens ``N = T' * F'`` of an input of ``num_samples`` samples, without the class token."""
+        return self.time_tokens(num_samples) * self.cfg.freq_tokens
+
+    def valid_time_tokens(self, lengths: Tensor) -> Tensor:
+        """Time tokens whose frames all lie inside ``lengths`` valid samples, ``(B,)`` int64."""
+        return self.frontend.num_frames(lengths) // self.frames_per_token
+
+    def token_times(self, num_samples: int) -> Tensor:
+        """``(T', 2)`` fp64 start and end in seconds of the samples each time token's frames read."""
+        cfg = self.cfg
+        t = torch.arange(self.time_tokens(num_samples), dtype=torch.float64)
+        start = t * self.frames_per_token * cfg.hop_length
+        end = start + (self.frames_per_token - 1) * cfg.hop_length + cfg.n_fft
+        return torch.stack([start, end], -1) / cfg.sample_rate
+
     # -- forward -------------------------------------------------------------------------------
     def tokenize(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Waveform ``(B, T)`` -> tokens with positions ``(B, N, D)`` and ``padding_mask (B, N)``."""
@@ -296,7 +334,7 @@ class SpeechTransformer(nn.Module):
                 f"({cfg.max_time_tokens}); build the model with a larger max_seconds"
             )
         x = (x.permute(0, 3, 2, 1) + self.pos_embed[:, :Tp]).reshape(B, Tp * Fp, D)  # time-major tokens
-        valid_time = valid_frames // cfg.patch_time  # (B,) tokens whose frames are all valid
+        valid_time = valid_frames // self.frames_per_token  # (B,) tokens whose frames are all valid
         padded = torch.arange(Tp, device=x.device)[None, :] >= valid_time[:, None]  # (B, T')
         return x, padded.repeat_interleave(Fp, dim=1)  # (B, N, D), (B, N)
 
@@ -305,12 +343,7 @@ class SpeechTransformer(nn.Module):
         x, padded = self.tokenize(wave, lengths)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
         mask = nn.functional.pad(padded, (1, 0), value=False)  # the class token is never padded
-        for blk in self.blocks:
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, key_padding_mask=mask, use_reentrant=False)
-            else:
-                x = blk(x, key_padding_mask=mask)
-        x = self.norm(x)
+        x = self.norm(self.blocks(x, key_padding_mask=mask))
         return SpeechFeatures(x[:, 1:], padded, x[:, 0])
 
     def pool(self, feats: SpeechFeatures) -> Tensor:
@@ -333,15 +366,15 @@ class SpeechTransformer(nn.Module):
 SPEECH_CONFIGS: dict[str, dict[str, Any]] = {
     # The embedded default: D=64, 4 blocks, tokens of 2 frames (49 per second), ~0.2 M parameters,
     # trains in minutes on 2 CPU cores.
-    "kwt_nano": dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=4.0, patch_time=2, time_mask_param=10),
+    "kwt_nano": dict(embed_dim=64, depth=4, baseline_heads=4, mlp_ratio=4.0, patch_time=2, time_mask_param=10),
     # KWT-1/2/3 (Berg et al.): one token per 10 ms frame of 40 mel bands, 12 blocks, MLP 4x.
-    "kwt_1": dict(embed_dim=64, depth=12, num_heads=1, head_dim=32),
-    "kwt_2": dict(embed_dim=128, depth=12, num_heads=2),
-    "kwt_3": dict(embed_dim=192, depth=12, num_heads=3, head_dim=32),
+    "kwt_1": dict(embed_dim=64, depth=12, baseline_heads=1, head_dim=32),
+    "kwt_2": dict(embed_dim=128, depth=12, baseline_heads=2),
+    "kwt_3": dict(embed_dim=192, depth=12, baseline_heads=3, head_dim=32),
     # AST-style 16x16 patches of a 128-band spectrogram (non-overlapping) at DeiT-Ti / DeiT-S widths.
-    "ast_tiny_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=192, depth=12, num_heads=3,
+    "ast_tiny_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=192, depth=12, baseline_heads=3,
                              head_dim=32, freq_mask_param=24, time_mask_param=20, n_fft=1024, win_length=400),
-    "ast_small_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=384, depth=12, num_heads=6,
+    "ast_small_patch16": dict(n_mels=128, patch_freq=16, patch_time=16, embed_dim=384, depth=12, baseline_heads=6,
                               freq_mask_param=24, time_mask_param=20, n_fft=1024, win_length=400),
 }
 _PREFIX = {"kwt": ("diffkwt", "softkwt"), "ast": ("diffast", "softast")}
@@ -386,7 +419,7 @@ def _create(variant: str, pretrained: bool, **kwargs: Any) -> SpeechTransformer:
     arch = dict(SPEECH_CONFIGS[_size_of(variant)], attn="diff" if variant.startswith("diff") else "softmax")
     if arch["attn"] != "diff":
         arch.pop("head_dim", None)
-    arch.update(kwargs)
+    arch.update(current_names(kwargs, SPEECH_RENAMED))
     return build_model_with_cfg(SpeechTransformer, variant, pretrained, **arch)
 
 

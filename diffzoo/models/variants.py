@@ -4,7 +4,7 @@
 
     from diffzoo.models.variants import build_lm, build_vit
 
-    lm = build_lm("diff_v2_matched", LMConfig(dim=64, depth=2, num_heads=4, vocab_size=128))
+    lm = build_lm("diff_v2_matched", LMConfig(dim=64, depth=2, baseline_heads=4, vocab_size=128))
     vit = build_vit("softmax_wide", "nano_patch7_28", img_size=64, patch_size=8)
 
 ``diff_v2_matched`` keeps V2's attention and narrows the feed-forward (the LM's SwiGLU
@@ -29,10 +29,12 @@ def lm_config(variant: str | Variant, config: LMConfig) -> LMConfig:
     v = get_variant(variant)
     changes: dict[str, Any] = {"attn": v.attn}
     if v.head_scale != 1.0:
-        heads, kv = int(config.num_heads * v.head_scale), int(config.num_kv_heads * v.head_scale)
-        if heads < 1 or kv < 1 or config.num_heads * v.head_scale != heads:
-            raise ValueError(f"variant {v.name!r} needs num_heads={config.num_heads} divisible by {1 / v.head_scale:g}")
-        changes.update(num_heads=heads, num_kv_heads=kv)
+        heads, kv = int(config.baseline_heads * v.head_scale), int(config.baseline_kv_heads * v.head_scale)
+        if heads < 1 or kv < 1 or config.baseline_heads * v.head_scale != heads:
+            raise ValueError(
+                f"variant {v.name!r} needs baseline_heads={config.baseline_heads} divisible by {1 / v.head_scale:g}"
+            )
+        changes.update(baseline_heads=heads, baseline_kv_heads=kv)
     if v.lambda_init is not None:
         changes["lambda_init"] = v.lambda_init
     if v.match_params:

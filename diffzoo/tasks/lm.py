@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from ..models.lm import LM_PRESETS, CausalLM, LMConfig
+from ..models.lm import LM_PRESETS, LM_RENAMED, CausalLM, LMConfig, preset_args
 from .callbacks import GuardedTraining, RunSummary
 from .export import read_metadata, safetensors_metadata, save_safetensors, submodule_state
 from .optim import adamw_warmup_cosine, weight_decay_groups
@@ -57,7 +57,7 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         self.save_hyperparameters()
         if model not in LM_PRESETS:
             raise ValueError(f"unknown model preset {model!r}; choose one of {sorted(LM_PRESETS)}")
-        self.config = LMConfig(**{**LM_PRESETS[model], "vocab_size": vocab_size, "attn": attn, **(model_kwargs or {})})
+        self.config = LMConfig(**preset_args(model, **{"vocab_size": vocab_size, "attn": attn, **(model_kwargs or {})}))
         self.model = CausalLM(self.config)
         self.val_loss = MeanMetric()
 
@@ -132,7 +132,7 @@ def export_lm(task: LanguageModelTask, path: Any, state_dict: Optional[dict[str,
     sd = submodule_state(state_dict, "model.") if state_dict is not None else task.model.state_dict()
     if task.config.tie_embeddings:
         sd.pop("output.weight")
-    args = {**LM_PRESETS[task.hparams["model"]], **(task.hparams.get("model_kwargs") or {})}
+    args = preset_args(task.hparams["model"], **(task.hparams.get("model_kwargs") or {}))
     args.update(attn=task.hparams["attn"], vocab_size=task.hparams["vocab_size"])
     return save_safetensors(sd, path, task.hparams["model"], args)
 
@@ -150,7 +150,7 @@ def load_lm(path: Any) -> CausalLM:
         raise ValueError(f"{path} has no diffzoo metadata (model, model_args); load_lm reads the model.safetensors "
                          "that python -m recipes.lm (export_lm) writes")
     name, args = read_metadata(path)
-    fields = {f.name for f in dataclasses.fields(LMConfig)}
+    fields = {f.name for f in dataclasses.fields(LMConfig)} | set(LM_RENAMED)  # older exports use the former names
     if name not in LM_PRESETS or not set(args) <= fields:
         raise ValueError(
             f"{path} holds a {name!r} model, not a diffzoo language model; pass a model.safetensors written by "

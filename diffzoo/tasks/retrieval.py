@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..analysis.maps import answer_share, effective_map
+from ..analysis.maps import answer_share, effective_map, record_attention
 from ..data.needles import Tokenizer, make_needle_sample, needle_masks
 from .metrics import finite_rows
 
@@ -31,7 +31,7 @@ def attention_scores(
     """Attention to answer and to noise per sample, averaged over query tokens, heads and layers.
 
     Args:
-        maps: one dict per layer as returned with ``return_attn=True``.
+        maps: one dict per layer, e.g. ``record.maps()`` of :func:`diffzoo.analysis.record_attention`.
         query: bool ``(B, Nq)``, the query tokens ``G``.
         answer: bool ``(B, Nk)``, the answer tokens ``A``.
         noise: bool ``(B, Nk)``, the noise tokens ``Nz``.
@@ -88,13 +88,14 @@ def evaluate_retrieval(
                 for b in range(0, len(cell), batch_size):
                     batch = cell[b : b + batch_size]
                     tokens = torch.stack([s.tokens for s in batch]).to(device)
-                    logits, maps = model(tokens, return_attn=True)
+                    with record_attention(model) as record:
+                        logits = model(tokens)
                     a0, a1 = batch[0].answer
                     answer_logits = logits[:, a0 - 1 : a1 - 1]
                     hit = (answer_logits.argmax(-1) == tokens[:, a0:a1]).all(-1) & finite_rows(answer_logits.flatten(1))
                     correct += int(hit.sum())
                     query, answer, noise = (m.to(device) for m in needle_masks(batch))
-                    s_ans, s_noise = attention_scores(maps, query, answer, noise)
+                    s_ans, s_noise = attention_scores(record.maps(), query, answer, noise)
                     ans_scores += s_ans.tolist()
                     noise_scores += s_noise.tolist()
                 rows.append(dict(
