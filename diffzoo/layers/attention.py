@@ -178,7 +178,10 @@ class AttentionBase(nn.Module):
         out, maps = self._attend(x, q, k, v, masks, return_attn, backend or self.backend)
         out = out.transpose(1, 2).reshape(B, N, self.out_proj.in_features)  # (B, N, heads * width)
         out = self.proj_drop(self.out_proj(out))
-        return (out, maps) if return_attn else out
+        if return_attn:
+            assert maps is not None  # every _attend returns maps when asked for them
+            return out, maps
+        return out
 
     def _dropout_p(self) -> float:
         return self.attn_drop if self.training else 0.0
