@@ -21,13 +21,12 @@ import resource
 import statistics
 import sys
 import time
-from typing import Optional
 
 WIDTH = 768
 STANDARD = "standard attention (12 heads x 64, sdpa)"
 
 
-def _candidates(level: str, causal: bool = False) -> list[tuple[str, str, Optional[str]]]:
+def _candidates(level: str, causal: bool = False) -> list[tuple[str, str, str | None]]:
     """(label, implementation, backend) rows, standard first."""
     rows = [(STANDARD, "softmax", "sdpa")]
     for backend in ("reference", "sdpa", "blockwise", "triton", "auto"):
@@ -37,7 +36,7 @@ def _candidates(level: str, causal: bool = False) -> list[tuple[str, str, Option
     return rows
 
 
-def _build(impl: str, backend: Optional[str], level: str, n: int, device: str, causal: bool = False):
+def _build(impl: str, backend: str | None, level: str, n: int, device: str, causal: bool = False):
     import torch
 
     from diffzoo.kernels import attention, diff_attention, select_backend
@@ -161,7 +160,7 @@ def machine_description(device: str) -> str:
     return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads | torch {torch.__version__}"
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, nargs="+", default=[256, 1024, 4096, 16384], help="sequence lengths")
     parser.add_argument("--backward-max-n", type=int, default=4096, help="largest N timed with backward")

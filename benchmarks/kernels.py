@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -105,7 +105,7 @@ def run(
         for d in ds:
             for N in ns:
                 B = max(1, tokens // N)
-                base: Optional[float] = None
+                base: float | None = None
                 for row in rows:
                     kind = "standard" if row == "standard" else "diff"
                     f_fwd, f_all = FLOPS[kind]
@@ -192,7 +192,7 @@ def ptxas_report(ds: list[int], causal: bool = True, arch: int = 90) -> None:
                     print(f"{label}: failed ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384], help="sequence lengths")
     p.add_argument("--d", type=int, nargs="+", default=[64, 128], help="query/key head widths")

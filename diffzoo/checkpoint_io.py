@@ -22,11 +22,11 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import torch
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 __all__ = ["CheckpointReadError", "SAFE_GLOBALS", "UnsafeCheckpointError", "check_checkpoint_file", "load_torch_file",
            "read_weights"]

@@ -10,17 +10,16 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from diffzoo.tasks.callbacks import InterruptCheckpoint
-
-from diffzoo.tasks.callbacks import BestAndLastCheckpoint, PredictionsCSV, ProgressLines, RunCurves
+from diffzoo.tasks.callbacks import BestAndLastCheckpoint, InterruptCheckpoint, PredictionsCSV, ProgressLines, RunCurves
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -87,7 +86,7 @@ def command_without_ckpt_path(command: list[str]) -> list[str]:
     return out
 
 
-def run_command(args: Optional[list[str]], cli_class: type) -> list[str]:
+def run_command(args: list[str] | None, cli_class: type) -> list[str]:
     """The command line that started this run (``args`` given: the equivalent ``python -m recipes.X ...``)."""
     if args is None:
         return list(sys.orig_argv)
@@ -98,7 +97,7 @@ def run_command(args: Optional[list[str]], cli_class: type) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def run_folder_of(ckpt_path: Optional[str]) -> Optional[Path]:
+def run_folder_of(ckpt_path: str | None) -> Path | None:
     """The run folder holding ``ckpt_path`` (``<run>/checkpoints/x.ckpt`` next to the run's logs), else None."""
     if not ckpt_path:
         return None
@@ -232,7 +231,7 @@ def launch(
     *,
     name: str,
     default_config: Path,
-    args: Optional[list[str]] = None,
+    args: list[str] | None = None,
     run: bool = True,
     **cli_kwargs: Any,
 ) -> LightningCLI:

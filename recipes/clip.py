@@ -21,7 +21,6 @@ Score a trained model afterwards with ``python -m recipes.clip_zeroshot``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
@@ -41,7 +40,7 @@ class ClipCLI(LightningCLI):
         add_run_callbacks(parser, ClipRunSummary, monitor="val/zs_top1", mode="max")
 
 
-def cli_main(args: Optional[list[str]] = None, run: bool = True) -> ClipCLI:
+def cli_main(args: list[str] | None = None, run: bool = True) -> ClipCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``)."""
     return launch(
         ClipCLI, ContrastiveTask, pl.LightningDataModule, subclass_mode_data=True,

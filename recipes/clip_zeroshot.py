@@ -26,7 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -56,8 +56,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     from diffzoo.tasks.zeroshot import (
         check_model_name,
         checkpoint_model_name,
-        load_clip,
         encode_pairs,
+        load_clip,
         pair_retrieval,
         zero_shot_accuracy,
         zero_shot_classifier,
@@ -153,7 +153,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser()
     args = p.parse_args(argv)
     if not (args.imagenet_dir or args.folder or args.shards or args.embedded):

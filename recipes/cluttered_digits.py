@@ -18,7 +18,6 @@ The knob is swept per variant by ``python -m recipes.sweep --family cluttered --
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -44,7 +43,7 @@ class ClutteredCLI(LightningCLI):
         parser.add_lightning_class_args(GradNormMonitor, "monitor")
 
 
-def cli_main(args: Optional[list[str]] = None, run: bool = True) -> ClutteredCLI:
+def cli_main(args: list[str] | None = None, run: bool = True) -> ClutteredCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``); ``--quick`` for a smoke run."""
     return launch(ClutteredCLI, VariantImageTask, ClutteredDigitsDataModule, name="cluttered_digits",
                   default_config=DEFAULT_CONFIG, args=expand_quick(args, QUICK), run=run)

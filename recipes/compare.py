@@ -28,9 +28,9 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from diffzoo.stats import compare, holm
 
@@ -43,7 +43,7 @@ class Metric:
     label: str
     higher_is_better: bool = True
     scale: float = 1.0
-    get: Optional[Callable[[dict], float]] = None  # for values not in summary.metrics
+    get: Callable[[dict], float] | None = None  # for values not in summary.metrics
     digits: int = 2  # decimals in the table
 
     def value(self, run: dict) -> float:
@@ -124,7 +124,7 @@ def run_family(family: Family, seeds: list[int], jobs: int, extra: list[str]) ->
     subprocess.run(cmd, check=True)
 
 
-def _params(runs: list[dict]) -> Optional[int]:
+def _params(runs: list[dict]) -> int | None:
     for r in runs:
         p = r.get("params") or r.get("summary", {}).get("parameters") or r.get("summary", {}).get("params")
         if p:
@@ -165,7 +165,7 @@ def adjust(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def _fmt_params(p: Optional[int]) -> str:
+def _fmt_params(p: int | None) -> str:
     return f"{p / 1e6:.2f} M" if p and p >= 1e6 else (f"{p / 1e3:.0f} k" if p else "?")
 
 
@@ -203,7 +203,7 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds for --run")

@@ -20,9 +20,10 @@ Plots from seed 0 go to the plots folder (``analysis_*.png``).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -41,7 +42,7 @@ class Probe:
     relevance: tuple[Tensor, Tensor]  # (query, relevant) bool masks (B, N) of the probe batch
     plot: Callable[[Any, Path], None]  # (AttentionRecord, path) -> draws the modality's attention plot
     metric: str
-    call_kwargs: Optional[dict] = None
+    call_kwargs: dict | None = None
 
 
 def _top1(logits: Tensor, y: Tensor) -> int:
@@ -208,7 +209,7 @@ def measure(probe: Probe, bits: tuple = BITS) -> tuple[dict, Any, Any]:
     return result, rec, out
 
 
-def analyse(families: list, load_runs: Callable, seeds: Optional[list[int]], plots: Path) -> dict:
+def analyse(families: list, load_runs: Callable, seeds: list[int] | None, plots: Path) -> dict:
     """Measure every (family, model, seed); returns ``{family: {"diff"/"softmax": [per-seed results]}}``."""
     from diffzoo.analysis.plots import plot_lambda_by_depth, plot_metric_vs_bits, plot_outliers_by_layer
 

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         data = torch.Generator().manual_seed(1)
         t0, losses = time.perf_counter(), []
-        for step in range(args.steps):
+        for _ in range(args.steps):
             tokens, answer = needle_batch(64, args.length, 64, data)
             loss = nn.functional.cross_entropy(model(tokens), answer)
             opt.zero_grad()

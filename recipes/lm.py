@@ -20,7 +20,6 @@ Retrieval evaluation of a trained model: ``python -m recipes.lm_retrieval --weig
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -40,7 +39,7 @@ class LMCLI(LightningCLI):
         add_run_callbacks(parser, LMRunSummary, monitor="val/loss", mode="min")
 
 
-def cli_main(args: Optional[list[str]] = None, run: bool = True) -> LMCLI:
+def cli_main(args: list[str] | None = None, run: bool = True) -> LMCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``)."""
     return launch(LMCLI, LanguageModelTask, TextDataModule, name="lm", default_config=DEFAULT_CONFIG, args=args, run=run)
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from diffzoo.data.text import get_tokenizer, load_tokens, tokenize_corpus
 from diffzoo.tasks.lm import load_lm
@@ -23,7 +24,7 @@ from diffzoo.tasks.retrieval import evaluate_retrieval
 
 def evaluate_weights(
     weights: str,
-    corpus: Optional[str] = None,
+    corpus: str | None = None,
     tokenizer: str = "byte",
     val_fraction: float = 0.1,
     cache_dir: str = "outputs/cache/text",
@@ -49,7 +50,7 @@ def summarize(rows: list[dict], key: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> list[dict]:
+def main(argv: Sequence[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", required=True, help="model.safetensors written by python -m recipes.lm")
     p.add_argument("--corpus", default=None, help="text file(s) of the distractors (default: embedded topics)")

@@ -18,7 +18,6 @@ The noise knobs are swept per variant by ``python -m recipes.sweep --family mqar
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -43,7 +42,7 @@ class MQARCLI(LightningCLI):
         parser.add_lightning_class_args(GradNormMonitor, "monitor")
 
 
-def cli_main(args: Optional[list[str]] = None, run: bool = True) -> MQARCLI:
+def cli_main(args: list[str] | None = None, run: bool = True) -> MQARCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``); ``--quick`` for a smoke run."""
     return launch(MQARCLI, MQARTask, MQARDataModule, name="mqar", default_config=DEFAULT_CONFIG,
                   args=expand_quick(args, QUICK), run=run)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
@@ -56,7 +55,7 @@ class SpeechCLI(LightningCLI):
             print(f"test/top1: {100 * results[0].get('test/top1', float('nan')):.2f} %", flush=True)
 
 
-def cli_main(args: Optional[list[str]] = None, run: bool = True) -> SpeechCLI:
+def cli_main(args: list[str] | None = None, run: bool = True) -> SpeechCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``)."""
     return launch(
         SpeechCLI, SpeechClassificationTask, pl.LightningDataModule, subclass_mode_data=True,

@@ -37,9 +37,10 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from diffzoo.stats import compare, holm
 from diffzoo.tasks.callbacks import DIVERGENCE_FILE
@@ -56,7 +57,7 @@ class Family:
     recipe: str
     variants: dict[str, tuple[str, ...]]  # variant name -> recipe arguments that select it
     val_metric: str  # selection metric in summary.metrics (validation split)
-    test_metric: Optional[str]  # reported metric of the final runs; None: the task has no test split
+    test_metric: str | None  # reported metric of the final runs; None: the task has no test split
     label: str
     config: Path  # the recipe's default config (for ``validate`` in --chance)
     seed_args: Callable[[int], list[str]]
@@ -66,7 +67,7 @@ class Family:
     monitor_args: tuple[str, ...] = tuple(MONITOR)  # recipes without a built-in GradNormMonitor get one
     default_variants: tuple[str, ...] = ("softmax", "diff")
     knobs: tuple[str, ...] = ()
-    chance: Optional[float] = None  # the metric of uniform guessing, when it is known in closed form
+    chance: float | None = None  # the metric of uniform guessing, when it is known in closed form
 
 
 def _attn_variants(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -122,7 +123,7 @@ def _lr_tag(lr: float) -> str:
     return f"{lr:g}"
 
 
-def run_name(variant: str, lr: float, seed: int, knob: Optional[tuple[str, str]] = None) -> str:
+def run_name(variant: str, lr: float, seed: int, knob: tuple[str, str] | None = None) -> str:
     tag = f"_{knob[0].split('.')[-1]}{knob[1]}" if knob else ""
     return f"{variant}_lr{_lr_tag(lr)}_seed{seed}{tag}"
 
@@ -132,7 +133,7 @@ def metric_value(run: dict, key: str) -> float:
     return float(run.get("summary", {}).get("metrics", {}).get(key, float("nan")))
 
 
-def _divergence(run_dir: Path) -> Optional[dict]:
+def _divergence(run_dir: Path) -> dict | None:
     """The divergence record a run left in its log folder (:data:`~diffzoo.tasks.callbacks.DIVERGENCE_FILE`)."""
     try:
         div = latest_log_dir(run_dir) / DIVERGENCE_FILE
@@ -142,7 +143,7 @@ def _divergence(run_dir: Path) -> Optional[dict]:
 
 
 def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, quick: bool, extra: Sequence[str],
-              knob: Optional[tuple[str, str]] = None) -> dict:
+              knob: tuple[str, str] | None = None) -> dict:
     """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health."""
     name = run_name(variant, lr, seed, knob)
     args = [*family.variants[variant], "--model.lr", _lr_tag(lr), *family.seed_args(seed), *family.monitor_args,
@@ -207,8 +208,8 @@ def best_lrs(family: Family, grid: list[dict]) -> dict[str, dict]:
         if not eligible:
             out[variant] = {"lr": None, "by_lr": by_lr}
             continue
-        key = lambda lr: (by_lr[lr]["diverged"] == 0, _score(family, [by_lr[lr]["mean"]]))  # noqa: E731
-        out[variant] = {"lr": max(eligible, key=key), "by_lr": by_lr}
+        out[variant] = {"lr": max(eligible, key=lambda lr, s=by_lr: (s[lr]["diverged"] == 0, _score(family, [s[lr]["mean"]]))),
+                        "by_lr": by_lr}
     return out
 
 
@@ -242,7 +243,7 @@ def _f(x: float, digits: int = 2) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def _p(x: Optional[float]) -> str:
+def _p(x: float | None) -> str:
     if x is None or math.isnan(x):
         return "–"
     return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
@@ -251,7 +252,7 @@ def _p(x: Optional[float]) -> str:
 STAT_COLUMNS = ("mean ± sd", "n", "diff vs {ref} [95 % CI]", "Welch t (df)", "p Welch", "p perm", "p Holm")
 
 
-def stats_table(rows: list[dict], reference: str, digits: int, group_label: Optional[str] = None) -> str:
+def stats_table(rows: list[dict], reference: str, digits: int, group_label: str | None = None) -> str:
     """Markdown: one line per row of :func:`comparison_rows`."""
     cols = ((group_label,) if group_label else ()) + ("variant",) + tuple(c.format(ref=reference) for c in STAT_COLUMNS)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -310,7 +311,7 @@ def plot_curves(family: Family, runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_knob(family: Family, rows: list[dict], knob: str, path: Path, chance: Optional[float]) -> None:
+def plot_knob(family: Family, rows: list[dict], knob: str, path: Path, chance: float | None) -> None:
     """Metric against the knob, one line per variant (mean and ± sd)."""
     import matplotlib
 
@@ -385,7 +386,7 @@ def _load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def main(argv: Optional[list[str]] = None) -> dict:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", required=True, choices=list(FAMILIES))
     p.add_argument("--variants", nargs="+", default=None, help="variants (default: softmax diff)")

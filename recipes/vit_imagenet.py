@@ -20,7 +20,6 @@ Reload exported weights with ``diffzoo.tasks.load_exported(path)`` or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
@@ -43,7 +42,7 @@ class VitCLI(LightningCLI):
         add_run_callbacks(parser, RunSummary, monitor="val/top1", mode="max")
 
 
-def cli_main(args: Optional[list[str]] = None, run: bool = True) -> VitCLI:
+def cli_main(args: list[str] | None = None, run: bool = True) -> VitCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``)."""
     return launch(
         VitCLI, ImageClassificationTask, pl.LightningDataModule, subclass_mode_data=True,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from timm.layers import Attention as TimmAttention
 from torch import nn
 
 from diffzoo.analysis import (  # importing diffzoo registers its models with timm
@@ -30,7 +31,6 @@ from diffzoo.analysis import (  # importing diffzoo registers its models with ti
 from diffzoo.kernels import attention, diff_attention
 from diffzoo.kernels.reference import attention_reference, diff_attention_reference
 from diffzoo.layers import Attention, Block, DiffAttention, DiffAttentionV2
-from timm.layers import Attention as TimmAttention
 from diffzoo.models.lm import CausalLM
 
 from conftest import rel_err  # tests/ is on sys.path

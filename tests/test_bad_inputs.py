@@ -8,8 +8,8 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -19,7 +19,8 @@ from test_clip_data import register_tiny_clip  # tests/ is on sys.path (rootdir 
 from test_data_vision import make_folder, make_shards
 from test_lm_recipe import _write_config as lm_config
 from test_speech_data import tiny_synth_config
-from test_vit_recipe import TINY_MODEL as TINY_VIT, _digits_config as vit_digits_config
+from test_vit_recipe import TINY_MODEL as TINY_VIT
+from test_vit_recipe import _digits_config as vit_digits_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -334,7 +335,7 @@ def test_a_fit_without_training_batches_exports_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content,refused", [(os.urandom(4000), True), (torch.zeros(500).numpy().tobytes(), True),
-                                             ("ordinary text\n".encode() * 300 + b"\xff\xfe" * 10, False)])
+                                             (b"ordinary text\n" * 300 + b"\xff\xfe" * 10, False)])
 def test_binary_corpus_is_refused(content: bytes, refused: bool, tmp_path: Path) -> None:
     from diffzoo.data.text import TextDataModule
 

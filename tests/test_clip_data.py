@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from diffzoo.data import load_mnist_5k
 from diffzoo.data import image_text as it
+from diffzoo.data import load_mnist_5k
 from diffzoo.data import shards as shards_mod
 
 TINY_CLIP = "TinyCLIP-test"

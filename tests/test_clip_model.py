@@ -11,13 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-
 from timm.layers import Attention as TimmAttention
 
 from diffzoo.layers import Attention, DiffAttention, check_matched, lambda_init_schedule
 from diffzoo.models import clip as C
-from diffzoo.models.vit import TimmDiffAttention
 from diffzoo.models.clip_convert import convert_diffclip_state_dict, load_diffclip_checkpoint, unwrap_state_dict
+from diffzoo.models.vit import TimmDiffAttention
 
 VIT_B = ["DiffCLIP-ViT-B-16", "DiffCLIPstar-ViT-B-16", "DiffCLIPdagger-ViT-B-16", "SoftCLIP-ViT-B-16"]
 NANO = ["DiffCLIP-nano", "DiffCLIPdagger-nano", "SoftCLIP-nano"]
@@ -52,7 +51,7 @@ def test_hooks_are_idempotent_and_fall_through() -> None:
     C.install_open_clip_hooks()
     C.install_open_clip_hooks()
     assert (open_clip.model._build_vision_tower, open_clip.model._build_text_tower) == before
-    assert getattr(before[0], "_diffzoo_hook") and getattr(before[1], "_diffzoo_hook")
+    assert before[0]._diffzoo_hook and before[1]._diffzoo_hook
     # a config without a "diffzoo" entry is built by open_clip itself
     plain = open_clip.model.CustomTextCLIP(
         16, dict(image_size=16, patch_size=8, width=32, layers=1, head_width=16),

@@ -54,7 +54,6 @@ def test_overlapping_seeds_give_a_large_p(tmp_path, monkeypatch):
 
 def test_lower_is_better_metric_and_missing_family(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    lm = compare.FAMILIES["lm"]
     path = tmp_path / "outputs" / "lm_compare" / "results.json"
     path.parent.mkdir(parents=True)
     runs = [{"attn": a, "seed": s, "summary": {"parameters": 10, "metrics": {"val/loss": v}},

@@ -100,6 +100,7 @@ def test_vit_validation_logs_evaluated_and_skipped(tmp_path: Path) -> None:
 
 def test_clip_zeroshot_folder_reports_evaluated_and_skipped(tmp_path: Path, capsys) -> None:
     from recipes import clip_zeroshot
+
     from test_clip_data import register_tiny_clip
 
     tiny = register_tiny_clip(tmp_path / "configs")

@@ -18,7 +18,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from diffzoo.tasks.callbacks import InterruptCheckpoint
 from diffzoo.tasks.resume import ResumableLoader
 from recipes._cli import command_without_ckpt_path, reserve_version
 
@@ -125,6 +124,7 @@ def test_shards_resume_mid_epoch_by_reading_again(tmp_path: Path, monkeypatch, c
     """An iterable data set has no indices to skip: the resumed epoch reads the trained batches again (the
     message says so) and continues exactly."""
     from recipes.vit_imagenet import cli_main
+
     from test_data_vision import make_shards
     from test_vit_recipe import _write_config
 

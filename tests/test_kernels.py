@@ -10,7 +10,7 @@ import torch
 from diffzoo import kernels
 from diffzoo.kernels import attention, diff_attention, registry
 from diffzoo.kernels import blockwise as blockwise_mod
-from diffzoo.kernels.reference import attention_reference, diff_attention_reference
+from diffzoo.kernels.reference import attention_reference
 
 from conftest import rel_err  # tests/ is on sys.path
 

@@ -8,11 +8,10 @@ import sys
 import pytest
 import timm
 import torch
-
-import diffzoo.models  # noqa: F401  (registers the models)
 from timm.layers import Attention as TimmAttention
 from timm.models.vision_transformer import VisionTransformer as TimmVisionTransformer
 
+import diffzoo.models  # noqa: F401  (registers the models)
 from diffzoo.layers import DiffAttention, check_matched, count_parameters
 from diffzoo.models import VIT_CONFIGS, VisionTransformer, matched_name, model_names
 

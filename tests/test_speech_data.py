@@ -12,8 +12,14 @@ import torch
 
 from diffzoo.data import synth
 from diffzoo.data.speech import (
-    AudioError, SoundfileSpeechCommands, SpeechCommandsDataModule, SpeechCommandsKeywords, SynthKeywordDataset,
-    collate_audio, fit_length, load_audio,
+    AudioError,
+    SoundfileSpeechCommands,
+    SpeechCommandsDataModule,
+    SpeechCommandsKeywords,
+    SynthKeywordDataset,
+    collate_audio,
+    fit_length,
+    load_audio,
 )
 from diffzoo.data.synth import KEYWORDS, SILENCE, UNKNOWN, Espeak, SynthConfig, class_names, load_or_synthesize
 

@@ -11,7 +11,12 @@ from diffzoo.layers import DiffAttention, check_matched, count_parameters
 from diffzoo.layers.attention import Attention
 from diffzoo.models import speech
 from diffzoo.models.speech import (
-    SPEECH_CONFIGS, SpeechEncoderConfig, SpeechTransformer, matched_speech_name, num_frames, speech_model_names,
+    SPEECH_CONFIGS,
+    SpeechEncoderConfig,
+    SpeechTransformer,
+    matched_speech_name,
+    num_frames,
+    speech_model_names,
 )
 
 ALL = speech_model_names()

@@ -212,9 +212,9 @@ def test_speech_contracts_that_do_not_apply() -> None:
     name = "diffkwt_nano"
     model = timm.create_model(name).eval()
     assert not hasattr(model, "forward_intermediates") and not hasattr(model, "feature_info")
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):
         timm.create_model(name, features_only=True)
-    with pytest.raises(Exception):
+    with pytest.raises(torch.fx.proxy.TraceError):
         torch.fx.symbolic_trace(model)
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError):
         torch.jit.script(model)

@@ -102,7 +102,7 @@ NAMES = ("out", "dq", "dk", "dv", "dlam")
 def assert_matches(got, want, atol=1e-4, rtol=1e-4):
     for name, a, b in zip(NAMES, got, want):
         assert torch.isfinite(a).all(), f"{name} has non-finite values (unwritten or NaN)"
-        torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def assert_close_rel(got, want, tol):
@@ -253,7 +253,7 @@ def test_gradient_paths_agree():
     got_atomic, _ = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=False)
     got_det, _ = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=True)
     for name, a, b in zip(NAMES, got_atomic, got_det):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_public_entry_point_selects_triton():

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable, Iterator, Literal, Optional, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -50,12 +51,12 @@ __all__ = [
 BACKEND_NAME = "lowbit"
 Granularity = Literal["head", "tensor"]
 # (bits, granularity) in force; bits None = no quantisation (the reference math).
-_SETTINGS: contextvars.ContextVar[tuple[Optional[int], str]] = contextvars.ContextVar(
+_SETTINGS: contextvars.ContextVar[tuple[int | None, str]] = contextvars.ContextVar(
     "diffzoo_lowbit", default=(None, "head")
 )
 
 
-def _check(bits: Optional[int], granularity: str) -> None:
+def _check(bits: int | None, granularity: str) -> None:
     if bits is not None and (not isinstance(bits, int) or bits < 2):
         raise ValueError(f"bits={bits!r}: need an integer >= 2 (symmetric levels -(2^(b-1)-1)..2^(b-1)-1) or None")
     if granularity not in ("head", "tensor"):
@@ -63,7 +64,7 @@ def _check(bits: Optional[int], granularity: str) -> None:
 
 
 def absmax_quantize(
-    s: Tensor, bits: Optional[int], allowed: Optional[Tensor] = None, granularity: Granularity = "head"
+    s: Tensor, bits: int | None, allowed: Tensor | None = None, granularity: Granularity = "head"
 ) -> Tensor:
     """Symmetric absmax quantise-dequantise of logits ``s (..., Nq, Nk)``; same shape and dtype.
 
@@ -91,7 +92,7 @@ def absmax_quantize(
     return s + (deq - s.detach())  # value deq(s), gradient of s
 
 
-def attention_logits(q: Tensor, k: Tensor, differential: bool, scale: Optional[float] = None) -> Tensor:
+def attention_logits(q: Tensor, k: Tensor, differential: bool, scale: float | None = None) -> Tensor:
     """``q k^T * scale`` in fp32 for every query head, ``(B, Hq, Nq, Nk)``, with diffzoo's head pairing.
 
     ``differential=True``: kernel layout of :func:`diffzoo.kernels.diff_attention` (query head ``2i + b``
@@ -104,7 +105,7 @@ def attention_logits(q: Tensor, k: Tensor, differential: bool, scale: Optional[f
     return reference.attention_logits(q, k, scale)
 
 
-def _quantize_logits(s: Tensor, allowed: Optional[Tensor]) -> Tensor:
+def _quantize_logits(s: Tensor, allowed: Tensor | None) -> Tensor:
     """The reference backend's score hook: quantise under the settings in force."""
     bits, granularity = _SETTINGS.get()
     return absmax_quantize(s, bits, allowed, granularity)
@@ -131,7 +132,7 @@ def _register() -> None:
 
 @contextlib.contextmanager
 def low_bit_attention(
-    bits: Optional[int] = 8, *, granularity: Granularity = "head", model: Optional[nn.Module] = None
+    bits: int | None = 8, *, granularity: Granularity = "head", model: nn.Module | None = None
 ) -> Iterator[None]:
     """Run the enclosed code with absmax-quantised attention logits in every diffzoo attention call.
 
@@ -166,15 +167,15 @@ def low_bit_attention(
 
 
 def metric_vs_bits(
-    evaluate_fn: Callable[[], Any], bits: Sequence[Optional[int]] = (None, 8, 6, 4), *,
-    granularity: Granularity = "head", model: Optional[nn.Module] = None,
-) -> dict[Optional[int], Any]:
+    evaluate_fn: Callable[[], Any], bits: Sequence[int | None] = (None, 8, 6, 4), *,
+    granularity: Granularity = "head", model: nn.Module | None = None,
+) -> dict[int | None, Any]:
     """``{b: evaluate_fn()}`` with the logits quantised to ``b`` bits (None: unquantised, same backend).
 
     ``evaluate_fn`` takes no argument (close over the model and data). Every entry, ``None`` included,
     runs on the ``"lowbit"`` backend, so differences come from the quantisation alone.
     """
-    out: dict[Optional[int], Any] = {}
+    out: dict[int | None, Any] = {}
     for b in bits:
         with low_bit_attention(b, granularity=granularity, model=model):
             out[b] = evaluate_fn()

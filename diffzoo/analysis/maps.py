@@ -27,13 +27,13 @@ and ``A``: image patches covering the object, speech tokens with energy, the nee
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Union
 
 import torch
-from torch import Tensor, nn
-
 from timm.layers import Attention as TimmAttention
+from torch import Tensor, nn
 
 from ..kernels import attention, attention_maps
 from ..layers import Attention, AttentionBase, DiffAttention, DiffAttentionV2
@@ -62,13 +62,13 @@ __all__ = [
 
 # Which attention layers to analyse: None (all), indices into the model's attention layers in depth
 # order, module names (``"blocks.3.attn"``), or a predicate ``(name, module) -> bool``.
-LayerSelection = Union[None, Sequence[Union[int, str]], Callable[[str, nn.Module], bool]]
+LayerSelection = None | Sequence[int | str] | Callable[[str, nn.Module], bool]
 MapsLike = Union["AttentionRecord", Sequence["LayerAttention"], Sequence[dict], dict]
 
 
 # -- timm's own attention (the softmax ViT baselines) -------------------------------------------
 def _timm_attend(module: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor, masks: dict, return_attn: bool,
-                 backend: Optional[str]) -> tuple[Tensor, Optional[dict[str, Tensor]]]:
+                 backend: str | None) -> tuple[Tensor, dict[str, Tensor] | None]:
     """The ``_attend`` of a timm ``Attention``: softmax attention through diffzoo's kernels (same math)."""
     p = module.attn_drop.p if module.training else 0.0
     out = attention(q, k, v, dropout_p=p, scale=module.scale, backend=backend, **masks)
@@ -78,7 +78,7 @@ def _timm_attend(module: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor, 
 def _timm_forward(module: nn.Module) -> Callable[..., Tensor]:
     """timm ``Attention.forward`` with its attention call routed through ``module._attend``."""
 
-    def forward(x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def forward(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         B, N, _ = x.shape
         gate = module.gate(x).sigmoid() if module.gate is not None else None
         qkv = module.qkv(x).reshape(B, N, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
@@ -95,7 +95,7 @@ def _timm_forward(module: nn.Module) -> Callable[..., Tensor]:
 
 
 @contextlib.contextmanager
-def timm_attention_seam(model: Union[nn.Module, Sequence[nn.Module]]) -> Iterator[None]:
+def timm_attention_seam(model: nn.Module | Sequence[nn.Module]) -> Iterator[None]:
     """Give every timm ``Attention`` of ``model`` (or of a list of layers) diffzoo's ``_attend`` seam
     while the context is open.
 
@@ -270,7 +270,7 @@ class LayerAttention:
         return effective_map(self.maps)
 
     @property
-    def lam(self) -> Optional[Tensor]:
+    def lam(self) -> Tensor | None:
         """Scalar lambda (V1), ``(B, H, Nq)`` (V2) or None (softmax)."""
         return self.maps.get("lambda")
 
@@ -295,7 +295,7 @@ class AttentionRecord:
     def __iter__(self) -> Iterator[LayerAttention]:
         return iter(self.layers)
 
-    def __getitem__(self, key: Union[int, str]) -> LayerAttention:
+    def __getitem__(self, key: int | str) -> LayerAttention:
         if isinstance(key, str):
             for layer in self.layers:
                 if layer.name == key:
@@ -323,8 +323,8 @@ class AttentionRecord:
 def record_attention(
     model: nn.Module,
     layers: LayerSelection = None,
-    batch: Union[None, int, slice] = None,
-    device: Union[None, str, torch.device] = None,
+    batch: None | int | slice = None,
+    device: None | str | torch.device = None,
 ) -> Iterator[AttentionRecord]:
     """Record the attention maps of every (selected) attention layer while the model runs as usual.
 
@@ -475,7 +475,7 @@ class AttentionNoise:
     """
 
     names: list[str]
-    answer: Optional[Tensor]
+    answer: Tensor | None
     entropy: Tensor
     negative: Tensor
     lambdas: list[float]
@@ -528,8 +528,8 @@ def attention_noise(layers: MapsLike, query: Any = None, relevant: Any = None) -
 
 
 def token_attention(
-    layer: Union[LayerAttention, dict], query: Any = 0, sample: int = 0, which: str = "effective",
-    head: Optional[int] = None,
+    layer: LayerAttention | dict, query: Any = 0, sample: int = 0, which: str = "effective",
+    head: int | None = None,
 ) -> Tensor:
     """Attention of the query token(s) to every key, ``(Nk,)`` fp32: what the plots draw.
 
@@ -557,7 +557,7 @@ def class_token_query(batch_size: int, num_tokens: int, index: int = 0, device: 
 
 
 def image_relevant_tokens(
-    images: Tensor, patch_size: Union[int, Sequence[int]], threshold: float = 0.5, num_prefix_tokens: int = 1,
+    images: Tensor, patch_size: int | Sequence[int], threshold: float = 0.5, num_prefix_tokens: int = 1,
     min_fraction: float = 0.0,
 ) -> Tensor:
     """Patches covering the object of an image on a dark background: bool ``(B, prefix + patches)``.
@@ -579,7 +579,7 @@ def image_relevant_tokens(
     return torch.cat([rel.new_zeros(B, num_prefix_tokens), rel], dim=1)
 
 
-def vit_relevance(model: nn.Module, images: Tensor, threshold: float = 0.5, pixels: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+def vit_relevance(model: nn.Module, images: Tensor, threshold: float = 0.5, pixels: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(query, relevant)`` for a :class:`~diffzoo.models.VisionTransformer` (or any timm-like ViT).
 
     The query is the class token with ``global_pool="token"``, else every patch token; the relevant
@@ -599,7 +599,7 @@ def vit_relevance(model: nn.Module, images: Tensor, threshold: float = 0.5, pixe
 
 @torch.no_grad()
 def speech_relevant_tokens(
-    model: nn.Module, wave: Tensor, lengths: Optional[Tensor] = None, top_db: float = 30.0
+    model: nn.Module, wave: Tensor, lengths: Tensor | None = None, top_db: float = 30.0
 ) -> tuple[Tensor, Tensor]:
     """Tokens of a :class:`~diffzoo.models.SpeechTransformer` that carry speech energy.
 
@@ -630,7 +630,7 @@ def speech_relevant_tokens(
 
 
 def speech_relevance(
-    model: nn.Module, wave: Tensor, lengths: Optional[Tensor] = None, top_db: float = 30.0
+    model: nn.Module, wave: Tensor, lengths: Tensor | None = None, top_db: float = 30.0
 ) -> tuple[Tensor, Tensor]:
     """``(query, relevant)`` for a speech encoder: the class token queries when it pools
     (``global_pool="token"``), else every valid token; relevant = :func:`speech_relevant_tokens`."""

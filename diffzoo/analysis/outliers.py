@@ -18,15 +18,14 @@ element of each block's output ``(B, N, D)``.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
+from timm.models.vision_transformer import Block as TimmBlock
 from torch import Tensor, nn
 
 from ..kernels._masks import prepare_mask
-from timm.models.vision_transformer import Block as TimmBlock
-
 from ..layers import AttentionBase, Block, DiffAttention
 from .lowbit import attention_logits
 from .maps import LayerSelection, _wrap_attend, attention_layers
@@ -47,7 +46,7 @@ class OutlierStats:
     count: int
 
 
-def outlier_stats(x: Tensor, k: int = 10, mask: Optional[Tensor] = None) -> OutlierStats:
+def outlier_stats(x: Tensor, k: int = 10, mask: Tensor | None = None) -> OutlierStats:
     """Top-1 and top-``k``-mean magnitude of ``x`` against its median magnitude.
 
     Args:
@@ -109,7 +108,7 @@ def record_outliers(
     model: nn.Module,
     k: int = 10,
     layers: LayerSelection = None,
-    hidden: Union[None, Sequence[str], Callable[[str, nn.Module], bool]] = None,
+    hidden: None | Sequence[str] | Callable[[str, nn.Module], bool] = None,
 ) -> Iterator[OutlierRecord]:
     """Measure logit and hidden-state outliers while the model runs; its outputs are unchanged.
 

@@ -8,8 +8,9 @@ maps are signed: they are drawn with a diverging colour map centred on 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 from torch import Tensor
@@ -26,7 +27,7 @@ __all__ = [
     "plot_text_attention",
 ]
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 def _figure(nrows: int, ncols: int, size: tuple[float, float], **kwargs: Any):
@@ -67,7 +68,7 @@ def _signed_limits(w: np.ndarray, which: str, positive: str = "inferno") -> dict
 
 def plot_image_attention(
     image: Tensor, layer: LayerAttention, path: PathLike, *, sample: int = 0, query: Any = 0,
-    num_prefix_tokens: int = 1, grid: Optional[tuple[int, int]] = None, head: Optional[int] = None,
+    num_prefix_tokens: int = 1, grid: tuple[int, int] | None = None, head: int | None = None,
     alpha: float = 0.6,
 ) -> Path:
     """The query's (class token's) attention over the patch grid, overlaid on the image.
@@ -111,7 +112,7 @@ def plot_image_attention(
 
 def plot_spectrogram_attention(
     spec: Tensor, layer: LayerAttention, path: PathLike, *, sample: int = 0, query: Any = 0,
-    patch_time: int = 1, freq_tokens: int = 1, num_prefix_tokens: int = 1, head: Optional[int] = None,
+    patch_time: int = 1, freq_tokens: int = 1, num_prefix_tokens: int = 1, head: int | None = None,
 ) -> Path:
     """The log-mel spectrogram with the query's attention per time frame under it.
 
@@ -141,7 +142,7 @@ def plot_spectrogram_attention(
     return _save(fig, path)
 
 
-def _token_labels(tokens: Union[str, bytes, Sequence[Any], Tensor]) -> list[str]:
+def _token_labels(tokens: str | bytes | Sequence[Any] | Tensor) -> list[str]:
     if isinstance(tokens, str):
         tokens = list(tokens)
     elif isinstance(tokens, (bytes, Tensor)):
@@ -154,8 +155,8 @@ def _token_labels(tokens: Union[str, bytes, Sequence[Any], Tensor]) -> list[str]
 
 
 def plot_text_attention(
-    tokens: Union[str, bytes, Sequence[Any], Tensor], weights: Union[Tensor, Mapping[str, Tensor]], path: PathLike,
-    *, width: int = 64, title: Optional[str] = None,
+    tokens: str | bytes | Sequence[Any] | Tensor, weights: Tensor | Mapping[str, Tensor], path: PathLike,
+    *, width: int = 64, title: str | None = None,
 ) -> Path:
     """Tokens coloured by attention: each character (byte) in a cell, wrapped every ``width`` tokens.
 
@@ -186,7 +187,7 @@ def plot_text_attention(
     return _save(fig, path)
 
 
-def plot_lambda_by_depth(models: Mapping[str, Union[AttentionRecord, Sequence[float]]], path: PathLike) -> Path:
+def plot_lambda_by_depth(models: Mapping[str, AttentionRecord | Sequence[float]], path: PathLike) -> Path:
     """Lambda of every layer against depth, one line per model (softmax layers, NaN, are skipped).
 
     Args:
@@ -227,7 +228,7 @@ def plot_outliers_by_layer(records: Mapping[str, OutlierRecord], path: PathLike)
 
 
 def plot_metric_vs_bits(
-    results: Mapping[str, Mapping[Optional[int], float]], path: PathLike, metric: str = "metric"
+    results: Mapping[str, Mapping[int | None, float]], path: PathLike, metric: str = "metric"
 ) -> Path:
     """The task metric against the attention-logit bit width, one line per model.
 

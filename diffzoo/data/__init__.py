@@ -9,9 +9,6 @@ Importing this package imports Lightning; :mod:`diffzoo` itself does not.
 
 from .embedded import load_mnist_5k, mnist_5k_path
 from .folder import RobustImageFolder, find_classes, scan_images
-from .modules import DigitsDataModule, ImageFolderDataModule, ShardDataModule, epoch_sampler
-from .shards import ShardImageDataset, expand_urls
-from .skipping import EvalDataLoader, SkipNone, SkipsBadItems
 from .image_text import (
     ColoredDigits,
     ColoredDigitsDataModule,
@@ -22,8 +19,10 @@ from .image_text import (
     write_image_text_shards,
     zeroshot_folder,
 )
+from .modules import DigitsDataModule, ImageFolderDataModule, ShardDataModule, epoch_sampler
 from .needles import NeedleSample, make_needle_sample
-from .text import ByteTokenizer, TextDataModule, TokenWindows, load_tokens, pydoc_topics_text, tokenize_corpus
+from .shards import ShardImageDataset, expand_urls
+from .skipping import EvalDataLoader, SkipNone, SkipsBadItems
 from .speech import (
     AudioError,
     SoundfileSpeechCommands,
@@ -35,6 +34,7 @@ from .speech import (
     load_audio,
 )
 from .synth import Espeak, SynthConfig, load_or_synthesize
+from .text import ByteTokenizer, TextDataModule, TokenWindows, load_tokens, pydoc_topics_text, tokenize_corpus
 
 __all__ = [
     "AudioError",

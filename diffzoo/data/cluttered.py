@@ -14,8 +14,6 @@ from ``seed``; validation and test images are fixed.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
@@ -95,7 +93,7 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
     in_chans = 1
 
     def __init__(self, k: int = 4, canvas: int = 64, fragment: int = 12, num_val: int = 500, num_test: int = 1000,
-                 batch_size: int = 64, num_workers: int = 0, seed: int = 0, limit_train: Optional[int] = None) -> None:
+                 batch_size: int = 64, num_workers: int = 0, seed: int = 0, limit_train: int | None = None) -> None:
         super().__init__()
         if k < 0:
             raise ValueError(f"k={k} distractor fragments must be >= 0")
@@ -106,10 +104,10 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
         self.num_val, self.num_test = num_val, num_test
         self.batch_size, self.num_workers, self.seed, self.limit_train = batch_size, num_workers, seed, limit_train
         self.chance = 0.1
-        self.train_set: Optional[ClutteredDigits] = None
+        self.train_set: ClutteredDigits | None = None
         self.eval_sets: dict[str, TensorDataset] = {}
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         images, labels = load_mnist_5k()

@@ -10,7 +10,6 @@ import gzip
 import importlib.util
 import os
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -32,7 +31,7 @@ def mnist_5k_path() -> Path:
     return path
 
 
-def load_mnist_5k(path: Optional[os.PathLike] = None) -> tuple[Tensor, Tensor]:
+def load_mnist_5k(path: os.PathLike | None = None) -> tuple[Tensor, Tensor]:
     """Load the embedded digits.
 
     Returns:

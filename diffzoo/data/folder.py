@@ -10,8 +10,9 @@ usable image so batches stay full; in evaluation (``substitute=False``) it is le
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from PIL import Image
 
@@ -83,8 +84,8 @@ class RobustImageFolder(SkipsBadItems):
     def __init__(
         self,
         root: os.PathLike,
-        classes: Optional[Sequence[str]] = None,
-        transform: Optional[Callable] = None,
+        classes: Sequence[str] | None = None,
+        transform: Callable | None = None,
         mode: str = "RGB",
         substitute: bool = True,
     ) -> None:

@@ -25,8 +25,9 @@ import logging
 import os
 import re
 import tarfile
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -61,7 +62,7 @@ DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 CAPTION_TEMPLATES: tuple[str, ...] = ("a {}",)  # class name "red seven on a blue background" -> the caption
 
 
-def clip_model_config(model: str) -> Optional[dict[str, Any]]:
+def clip_model_config(model: str) -> dict[str, Any] | None:
     """open_clip's config dict of ``model``, or None for a name open_clip does not know.
 
     The names come from open_clip's registry: its own models, and diffzoo's CLIP family, which
@@ -157,7 +158,7 @@ class ToFloatTensor:
     """
 
     def __init__(
-        self, size: Optional[int] = None, mean: Sequence[float] = OPENAI_MEAN, std: Sequence[float] = OPENAI_STD
+        self, size: int | None = None, mean: Sequence[float] = OPENAI_MEAN, std: Sequence[float] = OPENAI_STD
     ) -> None:
         self.size = size
         self.mean = torch.tensor(mean, dtype=torch.float32)[:, None, None]
@@ -193,8 +194,8 @@ class ColoredDigits(Dataset):
         digits: Tensor,
         fg: Tensor,
         bg: Tensor,
-        transform: Optional[Callable] = None,
-        tokenizer: Optional[Callable] = None,
+        transform: Callable | None = None,
+        tokenizer: Callable | None = None,
         target: str = "tokens",
         as_pil: bool = False,
     ) -> None:
@@ -210,7 +211,7 @@ class ColoredDigits(Dataset):
         self.captions = [caption(d, f, b) for d, f, b in zip(digits.tolist(), fg.tolist(), bg.tolist())]
         _, index = digit_classes()
         self.labels = torch.tensor([index[k] for k in zip(digits.tolist(), fg.tolist(), bg.tolist())], dtype=torch.long)
-        self.tokens: Optional[Tensor] = None
+        self.tokens: Tensor | None = None
         if tokenizer is not None:  # few distinct captions: tokenise each once
             unique = sorted(set(self.captions))
             table = tokenizer(unique)
@@ -238,7 +239,7 @@ def colored_digit_splits(
     colorings: int = 1,
     size: int = 32,
     seed: int = 0,
-    limit: Optional[int] = None,
+    limit: int | None = None,
 ) -> dict[str, dict[str, Tensor]]:
     """Render the coloured-digit splits (deterministic for a given ``seed``).
 
@@ -318,8 +319,8 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         num_val: int = 500,
         num_test: int = 1000,
         colorings: int = 1,
-        image_size: Optional[int] = None,
-        limit: Optional[int] = None,
+        image_size: int | None = None,
+        limit: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -327,12 +328,12 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         self.zeroshot_templates = list(CAPTION_TEMPLATES)
         self.zeroshot_hard_negative = torch.tensor([index[(d, b, f)] for (d, f, b) in index], dtype=torch.long)
         self.data_name = "coloured MNIST digits"
-        self.train_set: Optional[ColoredDigits] = None
-        self.val_set: Optional[ColoredDigits] = None
-        self.test_set: Optional[ColoredDigits] = None
+        self.train_set: ColoredDigits | None = None
+        self.val_set: ColoredDigits | None = None
+        self.test_set: ColoredDigits | None = None
         self.num_bad = 0
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         import open_clip
@@ -387,10 +388,10 @@ class ShardImageTextDataset(ShardImageDataset):
 
     def __init__(
         self,
-        urls: Union[str, Sequence[str]],
-        transform: Optional[Callable] = None,
-        tokenizer: Optional[Callable] = None,
-        samples_per_epoch: Optional[int] = None,
+        urls: str | Sequence[str],
+        transform: Callable | None = None,
+        tokenizer: Callable | None = None,
+        samples_per_epoch: int | None = None,
         shuffle: bool = True,
         shuffle_buffer: int = 1000,
         seed: int = 0,
@@ -419,7 +420,7 @@ class ShardImageTextDataset(ShardImageDataset):
 
 def write_image_text_shards(
     pairs: Iterable[tuple[Any, str]],
-    pattern: Union[str, os.PathLike],
+    pattern: str | os.PathLike,
     max_per_shard: int = 1000,
     image_format: str = "jpg",
     quality: int = 95,
@@ -440,7 +441,7 @@ def write_image_text_shards(
     if image_format not in ("jpg", "png"):
         raise ValueError(f"image_format={image_format!r}; expected 'jpg' or 'png'")
     paths: list[str] = []
-    tar: Optional[tarfile.TarFile] = None
+    tar: tarfile.TarFile | None = None
 
     def add(name: str, data: bytes) -> None:
         info = tarfile.TarInfo(name)
@@ -482,7 +483,7 @@ def _encode_image(image: Any, fmt: str, quality: int) -> bytes:
 WNID = re.compile(r"^n\d{8}$")
 
 
-def imagenet_classnames(root: Union[str, os.PathLike]) -> tuple[list[str], list[str]]:
+def imagenet_classnames(root: str | os.PathLike) -> tuple[list[str], list[str]]:
     """``(wnids, classnames)`` of an ImageNet-layout folder: 1000 WordNet-id class folders.
 
     The sorted wnids index open_clip's ``IMAGENET_CLASSNAMES`` (the standard ImageNet-1k class order).
@@ -502,7 +503,7 @@ def imagenet_classnames(root: Union[str, os.PathLike]) -> tuple[list[str], list[
     return wnids, list(IMAGENET_CLASSNAMES)
 
 
-def read_classnames(path: Union[str, os.PathLike], folders: Sequence[str]) -> list[str]:
+def read_classnames(path: str | os.PathLike, folders: Sequence[str]) -> list[str]:
     """Class names for ``folders`` from a file: one name a line in folder order, or ``folder<TAB>name`` lines."""
     lines = [ln.rstrip("\n") for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
     if lines and all("\t" in ln for ln in lines):
@@ -517,10 +518,10 @@ def read_classnames(path: Union[str, os.PathLike], folders: Sequence[str]) -> li
 
 
 def zeroshot_folder(
-    root: Union[str, os.PathLike],
-    transform: Optional[Callable] = None,
+    root: str | os.PathLike,
+    transform: Callable | None = None,
     imagenet: bool = False,
-    classnames_file: Optional[Union[str, os.PathLike]] = None,
+    classnames_file: str | os.PathLike | None = None,
 ) -> tuple[RobustImageFolder, list[str]]:
     """An image folder ``root/<class>/<image>`` for zero-shot classification and its class names.
 
@@ -568,18 +569,18 @@ class ImageTextShardDataModule(pl.LightningDataModule):
     def __init__(
         self,
         model: str,
-        train_shards: Union[str, list[str]],
+        train_shards: str | list[str],
         train_samples: int,
-        val_shards: Optional[Union[str, list[str]]] = None,
-        zeroshot_dir: Optional[str] = None,
+        val_shards: str | list[str] | None = None,
+        zeroshot_dir: str | None = None,
         zeroshot_imagenet: bool = True,
-        zeroshot_classnames: Optional[str] = None,
+        zeroshot_classnames: str | None = None,
         zeroshot_templates: str = "openai",
         batch_size: int = 256,
         num_workers: int = 8,
         seed: int = 0,
         shuffle_buffer: int = 5000,
-        image_size: Optional[int] = None,
+        image_size: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -587,11 +588,11 @@ class ImageTextShardDataModule(pl.LightningDataModule):
             raise ValueError(f"train_samples={train_samples} must be positive")
         if zeroshot_templates not in ("openai", "simple"):
             raise ValueError(f"zeroshot_templates={zeroshot_templates!r}; expected 'openai' or 'simple'")
-        self.train_set: Optional[ShardImageTextDataset] = None
-        self.val_set: Optional[ShardImageTextDataset] = None
-        self.zeroshot_set: Optional[RobustImageFolder] = None
-        self.zeroshot_classnames: Optional[list[str]] = None
-        self.zeroshot_templates: Optional[list] = None
+        self.train_set: ShardImageTextDataset | None = None
+        self.val_set: ShardImageTextDataset | None = None
+        self.zeroshot_set: RobustImageFolder | None = None
+        self.zeroshot_classnames: list[str] | None = None
+        self.zeroshot_templates: list | None = None
         self.zeroshot_hard_negative = None
 
     @property
@@ -599,7 +600,7 @@ class ImageTextShardDataModule(pl.LightningDataModule):
         """Corrupt shards, samples and unreadable zero-shot images skipped so far in this process."""
         return sum(getattr(ds, "num_bad", 0) for ds in (self.train_set, self.val_set, self.zeroshot_set) if ds is not None)
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         import open_clip
 
         hp = self.hparams

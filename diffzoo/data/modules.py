@@ -11,7 +11,7 @@ batches the uninterrupted run would have seen. Each DataModule exposes ``num_cla
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -104,16 +104,16 @@ class DigitsDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         split_seed: int = 0,
-        limit: Optional[int] = None,
+        limit: int | None = None,
         augment: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.train_set: Optional[Dataset] = None
-        self.val_set: Optional[Dataset] = None
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
         self.num_bad = 0
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         hp = self.hparams
@@ -163,13 +163,13 @@ class _TimmImageDataModule(pl.LightningDataModule):
         self,
         img_size: int,
         in_chans: int,
-        auto_augment: Optional[str],
+        auto_augment: str | None,
         re_prob: float,
         color_jitter: float,
         interpolation: str,
         crop_pct: float,
-        mean: Optional[Sequence[float]],
-        std: Optional[Sequence[float]],
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
     ) -> None:
         from timm.data import create_transform
 
@@ -224,32 +224,32 @@ class ImageFolderDataModule(_TimmImageDataModule):
 
     def __init__(
         self,
-        data_dir: Union[str, os.PathLike],
+        data_dir: str | os.PathLike,
         train_dir: str = "train",
         val_dir: str = "val",
-        test_dir: Optional[str] = None,
+        test_dir: str | None = None,
         img_size: int = 224,
         in_chans: int = 3,
         batch_size: int = 128,
         num_workers: int = 8,
         seed: int = 0,
-        auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         re_prob: float = 0.25,
         color_jitter: float = 0.3,
         interpolation: str = "bicubic",
         crop_pct: float = 0.875,
-        mean: Optional[Sequence[float]] = None,
-        std: Optional[Sequence[float]] = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.classes = find_classes(os.path.join(data_dir, train_dir))  # raises for a missing folder
         self.num_classes = len(self.classes)
         self._init_transforms(img_size, in_chans, auto_augment, re_prob, color_jitter, interpolation, crop_pct, mean, std)
-        self.train_set: Optional[RobustImageFolder] = None
-        self.val_set: Optional[RobustImageFolder] = None
+        self.train_set: RobustImageFolder | None = None
+        self.val_set: RobustImageFolder | None = None
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
         if self.train_set is None and stage in (None, "fit"):
             self.train_set = RobustImageFolder(
@@ -298,24 +298,24 @@ class ShardDataModule(_TimmImageDataModule):
 
     def __init__(
         self,
-        train_shards: Union[str, list[str]],
-        val_shards: Union[str, list[str]],
+        train_shards: str | list[str],
+        val_shards: str | list[str],
         num_classes: int,
         train_samples: int,
-        test_shards: Optional[Union[str, list[str]]] = None,
+        test_shards: str | list[str] | None = None,
         img_size: int = 224,
         in_chans: int = 3,
         batch_size: int = 128,
         num_workers: int = 8,
         seed: int = 0,
         shuffle_buffer: int = 2000,
-        auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1",
+        auto_augment: str | None = "rand-m9-mstd0.5-inc1",
         re_prob: float = 0.25,
         color_jitter: float = 0.3,
         interpolation: str = "bicubic",
         crop_pct: float = 0.875,
-        mean: Optional[Sequence[float]] = None,
-        std: Optional[Sequence[float]] = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -323,10 +323,10 @@ class ShardDataModule(_TimmImageDataModule):
             raise ValueError(f"num_classes={num_classes} and train_samples={train_samples} must be positive")
         self.num_classes = num_classes
         self._init_transforms(img_size, in_chans, auto_augment, re_prob, color_jitter, interpolation, crop_pct, mean, std)
-        self.train_set: Optional[ShardImageDataset] = None
-        self.val_set: Optional[ShardImageDataset] = None
+        self.train_set: ShardImageDataset | None = None
+        self.val_set: ShardImageDataset | None = None
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
         if self.train_set is None and stage in (None, "fit"):
             self.train_set = ShardImageDataset(

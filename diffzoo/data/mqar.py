@@ -19,7 +19,7 @@ sequences every epoch); validation and test sets are fixed and drawn from seeds 
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import lightning.pytorch as pl
 import torch
@@ -35,8 +35,8 @@ EVAL_SEEDS = (10_001, 10_002)  # the fixed validation and test sets (never a tra
 class MQARSpec:
     """Shape of an MQAR sequence; see the module docstring. ``seq_len`` (if given) fixes the filler."""
 
-    def __init__(self, num_pairs: int = 4, num_queries: Optional[int] = None, filler: int = 0,
-                 seq_len: Optional[int] = None, key_vocab: int = 64, value_vocab: int = 64) -> None:
+    def __init__(self, num_pairs: int = 4, num_queries: int | None = None, filler: int = 0,
+                 seq_len: int | None = None, key_vocab: int = 64, value_vocab: int = 64) -> None:
         q = num_pairs if num_queries is None else num_queries
         if num_pairs < 1 or not 1 <= q <= num_pairs:
             raise ValueError(f"num_pairs={num_pairs} must be >= 1 and num_queries={q} between 1 and num_pairs")
@@ -117,8 +117,8 @@ class MQARDataModule(pl.LightningDataModule):
         seed: seed of the training stream (validation and test use seeds of their own, fixed).
     """
 
-    def __init__(self, num_pairs: int = 4, num_queries: Optional[int] = None, filler: int = 0,
-                 seq_len: Optional[int] = None, key_vocab: int = 64, value_vocab: int = 64, batch_size: int = 64,
+    def __init__(self, num_pairs: int = 4, num_queries: int | None = None, filler: int = 0,
+                 seq_len: int | None = None, key_vocab: int = 64, value_vocab: int = 64, batch_size: int = 64,
                  steps_per_epoch: int = 100, num_val: int = 1000, num_test: int = 1000, seed: int = 0) -> None:
         super().__init__()
         self.spec = MQARSpec(num_pairs, num_queries, filler, seq_len, key_vocab, value_vocab)

@@ -15,7 +15,8 @@ import logging
 import multiprocessing as mp
 import os
 import random
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +28,7 @@ log = logging.getLogger("diffzoo.data")
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 
 
-def expand_urls(urls: Union[str, Sequence[str]]) -> list[str]:
+def expand_urls(urls: str | Sequence[str]) -> list[str]:
     """Expand brace patterns (``train-{000..099}.tar``) and ``::``-separated lists into shard paths.
 
     Local shards must exist: a missing file raises ``FileNotFoundError`` before training starts.
@@ -66,9 +67,9 @@ class ShardImageDataset(IterableDataset):
 
     def __init__(
         self,
-        urls: Union[str, Sequence[str]],
-        transform: Optional[Callable] = None,
-        samples_per_epoch: Optional[int] = None,
+        urls: str | Sequence[str],
+        transform: Callable | None = None,
+        samples_per_epoch: int | None = None,
         shuffle: bool = True,
         shuffle_buffer: int = 1000,
         seed: int = 0,

@@ -18,7 +18,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import multiprocessing as mp
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, default_collate

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 import lightning.pytorch as pl
 import numpy as np
@@ -31,7 +31,15 @@ from torch.utils.data import DataLoader, Dataset
 from .modules import check_train_loader, epoch_sampler
 from .skipping import EvalDataLoader, SkipsBadItems
 from .synth import (
-    KEYWORDS, SILENCE, SPLITS, UNKNOWN, SynthConfig, class_names, colored_noise, load_or_synthesize, mix_noise,
+    KEYWORDS,
+    SILENCE,
+    SPLITS,
+    UNKNOWN,
+    SynthConfig,
+    class_names,
+    colored_noise,
+    load_or_synthesize,
+    mix_noise,
 )
 
 log = logging.getLogger("diffzoo.data")
@@ -53,7 +61,7 @@ def _warn_once(kind: str, message: str) -> None:
         log.warning("%s (further files like this are converted silently)", message)
 
 
-def load_audio(path: Union[str, os.PathLike], sample_rate: int) -> Tensor:
+def load_audio(path: str | os.PathLike, sample_rate: int) -> Tensor:
     """Read a mono float32 waveform ``(T,)`` at ``sample_rate`` with ``soundfile``.
 
     Multi-channel audio is averaged to mono and other rates are resampled (each logged once).
@@ -92,7 +100,7 @@ def fit_length(wave: Tensor, num_samples: int, random_crop: bool = False) -> Ten
     return wave[start : start + num_samples]
 
 
-def time_shift(wave: Tensor, max_shift: int, generator: Optional[torch.Generator] = None) -> Tensor:
+def time_shift(wave: Tensor, max_shift: int, generator: torch.Generator | None = None) -> Tensor:
     """Shift ``(T,)`` by up to ``max_shift`` samples either way, filling with zeros."""
     if max_shift <= 0:
         return wave
@@ -105,7 +113,7 @@ def time_shift(wave: Tensor, max_shift: int, generator: Optional[torch.Generator
     return out
 
 
-def _eval_generator(*keys: Union[int, str]) -> torch.Generator:
+def _eval_generator(*keys: int | str) -> torch.Generator:
     """A generator seeded from ``keys``: evaluation clips get the same noise in every run."""
     return torch.Generator().manual_seed(zlib.crc32(repr(keys).encode()))
 
@@ -138,7 +146,7 @@ class _SkipsBadAudio(SkipsBadItems):
 
 
 # -- Google Speech Commands -----------------------------------------------------------------------
-def _torchaudio_layout(data_dir: Union[str, os.PathLike]) -> dict:
+def _torchaudio_layout(data_dir: str | os.PathLike) -> dict:
     """``SPEECHCOMMANDS`` arguments for ``data_dir``.
 
     Accepts torchaudio's layout (``<root>/SpeechCommands/speech_commands_v0.02/<word>/*.wav``, pass
@@ -171,7 +179,7 @@ class SoundfileSpeechCommands(_SPEECHCOMMANDS):
         sample_rate: rate the waveforms are returned at.
     """
 
-    def __init__(self, data_dir: Union[str, os.PathLike], subset: Optional[str] = None, sample_rate: int = 16000) -> None:
+    def __init__(self, data_dir: str | os.PathLike, subset: str | None = None, sample_rate: int = 16000) -> None:
         layout = _torchaudio_layout(data_dir)
         try:
             super().__init__(download=False, subset=subset, **layout)
@@ -213,11 +221,11 @@ class SpeechCommandsKeywords(_SkipsBadAudio):
 
     def __init__(
         self,
-        data_dir: Union[str, os.PathLike],
+        data_dir: str | os.PathLike,
         split: str = "train",
         num_classes: int = 12,
         sample_rate: int = 16000,
-        clip_seconds: Optional[float] = 1.0,
+        clip_seconds: float | None = 1.0,
         silence_percentage: float = 10.0,
         unknown_percentage: float = 10.0,
         noise_prob: float = 0.8,
@@ -280,7 +288,7 @@ class SpeechCommandsKeywords(_SkipsBadAudio):
         n = self.items[index][0]
         return f"{self.source.get_metadata(n)[0]} ({self.split})" if n >= 0 else f"silence clip {index}"
 
-    def _background(self, num_samples: int, generator: Optional[torch.Generator]) -> Tensor:
+    def _background(self, num_samples: int, generator: torch.Generator | None) -> Tensor:
         noise = self.backgrounds[int(torch.randint(len(self.backgrounds), (1,), generator=generator))]
         if len(noise) < num_samples:
             noise = noise.repeat(num_samples // len(noise) + 1)
@@ -389,9 +397,9 @@ class _AudioDataModule(pl.LightningDataModule):
     """Loaders shared by the speech DataModules: seeded epoch order, padded batches with lengths."""
 
     sample_rate = 16000
-    train_set: Optional[Dataset] = None
-    val_set: Optional[Dataset] = None
-    test_set: Optional[Dataset] = None
+    train_set: Dataset | None = None
+    val_set: Dataset | None = None
+    test_set: Dataset | None = None
 
     @property
     def num_bad(self) -> int:
@@ -464,7 +472,7 @@ class SynthKeywordsDataModule(_AudioDataModule):
     def prepare_data(self) -> None:
         load_or_synthesize(self.config, self.hparams.cache_dir)  # once, on one process
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         hp = self.hparams
@@ -499,7 +507,7 @@ class SpeechCommandsDataModule(_AudioDataModule):
         self,
         data_dir: str,
         num_classes: int = 12,
-        clip_seconds: Optional[float] = 1.0,
+        clip_seconds: float | None = 1.0,
         silence_percentage: float = 10.0,
         unknown_percentage: float = 10.0,
         noise_prob: float = 0.8,
@@ -516,7 +524,7 @@ class SpeechCommandsDataModule(_AudioDataModule):
         self.classes = class_names(num_classes)
         self.num_classes = num_classes
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
         common = dict(
             num_classes=hp.num_classes, sample_rate=self.sample_rate, clip_seconds=hp.clip_seconds,

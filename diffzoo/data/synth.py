@@ -27,9 +27,9 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -90,7 +90,7 @@ class Espeak:
     serialised by a lock. :meth:`speak` returns int16 samples at :attr:`sample_rate` (22,050 Hz).
     """
 
-    _instance: Optional["Espeak"] = None
+    _instance: Espeak | None = None
     _lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -115,7 +115,7 @@ class Espeak:
         self.variants = set(espeak_variants())
 
     @classmethod
-    def get(cls) -> "Espeak":
+    def get(cls) -> Espeak:
         with cls._lock:
             if cls._instance is None:
                 cls._instance = cls()
@@ -126,7 +126,7 @@ class Espeak:
             self._chunks.append(np.ctypeslib.as_array(wav, shape=(num_samples,)).copy())
         return 0  # 0: continue synthesis
 
-    def speak(self, text: str, accent: str = "en", variant: Optional[str] = None, rate: int = 175,
+    def speak(self, text: str, accent: str = "en", variant: str | None = None, rate: int = 175,
               pitch: int = 50, pitch_range: int = 50) -> np.ndarray:
         """Synthesise ``text``; returns int16 samples ``(T,)`` at :attr:`sample_rate`.
 
@@ -163,7 +163,7 @@ def trim_silence(wave: Tensor, threshold: float = 0.02) -> Tensor:
     return wave[int(loud[0]) : int(loud[-1]) + 1]
 
 
-def colored_noise(num_samples: int, beta: float, generator: Optional[torch.Generator] = None) -> Tensor:
+def colored_noise(num_samples: int, beta: float, generator: torch.Generator | None = None) -> Tensor:
     """Unit-RMS noise with power spectrum ``1 / f**beta`` (0 white, 1 pink, 2 brown); ``(num_samples,)``."""
     spectrum = torch.fft.rfft(torch.randn(num_samples, generator=generator))
     freqs = torch.arange(spectrum.shape[0], dtype=torch.float32).clamp_min(1.0)

@@ -15,8 +15,8 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
 
 import lightning.pytorch as pl
 import numpy as np
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from .modules import _rank_world, check_train_loader, epoch_sampler
 from .needles import make_needle_sample, needle_sample_from_seed
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 __all__ = [
     "ByteTokenizer",
@@ -78,7 +78,7 @@ class FileTokenizer:
         return self._tok.decode([int(i) for i in ids])
 
 
-def get_tokenizer(name: str = "byte") -> Union[ByteTokenizer, FileTokenizer]:
+def get_tokenizer(name: str = "byte") -> ByteTokenizer | FileTokenizer:
     """``"byte"`` or the path of a ``tokenizer.json``."""
     if name == "byte":
         return ByteTokenizer()
@@ -115,7 +115,7 @@ def _check_text(path: Path, data: bytes, text: str) -> None:
         )
 
 
-def _read_corpus(corpus: Optional[Union[PathLike, Sequence[PathLike]]]) -> tuple[str, str]:
+def _read_corpus(corpus: PathLike | Sequence[PathLike] | None) -> tuple[str, str]:
     """``(text, label)`` of the corpus: the embedded topics, text files, or every ``*.txt`` of a folder."""
     if corpus is None:
         return pydoc_topics_text(), "pydoc_topics"
@@ -145,7 +145,7 @@ def _read_corpus(corpus: Optional[Union[PathLike, Sequence[PathLike]]]) -> tuple
 
 
 def tokenize_corpus(
-    corpus: Optional[Union[PathLike, Sequence[PathLike]]] = None,
+    corpus: PathLike | Sequence[PathLike] | None = None,
     tokenizer: str = "byte",
     cache_dir: PathLike = "outputs/cache/text",
 ) -> Path:
@@ -194,8 +194,8 @@ class TokenWindows(Dataset):
         path: PathLike,
         seq_len: int,
         start: int = 0,
-        end: Optional[int] = None,
-        offsets: Optional[Sequence[int]] = None,
+        end: int | None = None,
+        offsets: Sequence[int] | None = None,
         tokenizer: str = "byte",
         needle_counts: Sequence[int] = (1, 2, 4),
     ) -> None:
@@ -209,7 +209,7 @@ class TokenWindows(Dataset):
             )
         self.offsets = list(offsets) if offsets is not None else None
         self.needle_counts = tuple(needle_counts)
-        self._tokens: Optional[np.memmap] = None
+        self._tokens: np.memmap | None = None
         self._tok = None
 
     @property
@@ -226,7 +226,7 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return len(self.offsets) if self.offsets is not None else self.num_offsets
 
-    def __getitem__(self, key: Union[int, tuple[int, int]]) -> tuple[Tensor, Tensor]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
         if isinstance(key, tuple):
             offset, needle_seed = key
         else:
@@ -306,7 +306,7 @@ class TextDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        corpus: Optional[Union[str, list[str]]] = None,
+        corpus: str | list[str] | None = None,
         tokenizer: str = "byte",
         cache_dir: str = "outputs/cache/text",
         seq_len: int = 256,
@@ -329,14 +329,14 @@ class TextDataModule(pl.LightningDataModule):
                 raise ValueError(f"data.{name}={value} must be a positive integer")
         self.tokenizer = get_tokenizer(tokenizer)
         self.vocab_size = self.tokenizer.vocab_size  # linked to the model by the recipe
-        self.token_path: Optional[Path] = None
-        self.train_set: Optional[TokenWindows] = None
-        self.val_set: Optional[TokenWindows] = None
+        self.token_path: Path | None = None
+        self.train_set: TokenWindows | None = None
+        self.val_set: TokenWindows | None = None
 
     def prepare_data(self) -> None:
         tokenize_corpus(self.hparams.corpus, self.hparams.tokenizer, self.hparams.cache_dir)
 
-    def setup(self, stage: Optional[str] = None) -> None:
+    def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         hp = self.hparams

@@ -16,11 +16,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ._masks import as_lambda, check_dropout_p
+from .blockwise import diff_attention_blockwise
+from .reference import attention_maps, attention_reference, diff_attention_maps, diff_attention_reference
 from .registry import (
     _REGISTRY,
     Backend,
@@ -33,9 +35,6 @@ from .registry import (
     set_auto_order,
     use_backend,
 )
-from ._masks import as_lambda, check_dropout_p
-from .blockwise import diff_attention_blockwise
-from .reference import attention_maps, attention_reference, diff_attention_maps, diff_attention_reference
 from .sdpa import attention_sdpa, diff_attention_sdpa
 
 __all__ = [
@@ -60,12 +59,12 @@ def diff_attention(
     v: Tensor,
     lam: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    backend: Optional[str] = None,
+    backend: str | None = None,
 ) -> Tensor:
     """Differential attention ``(softmax(q1 k1^T s + M) - lam softmax(q2 k2^T s + M)) v``.
 
@@ -101,12 +100,12 @@ def attention(
     k: Tensor,
     v: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    backend: Optional[str] = None,
+    backend: str | None = None,
 ) -> Tensor:
     """Standard softmax attention with the same conventions as :func:`diff_attention`.
 
@@ -138,7 +137,7 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 _HAS_TRITON_KERNEL = importlib.util.find_spec(f"{__name__}.triton_diff") is not None
 
 
-def _triton_unavailable() -> Optional[str]:
+def _triton_unavailable() -> str | None:
     if not _HAS_TRITON:
         return "triton is not installed (pip install triton)"
     if not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
@@ -148,13 +147,13 @@ def _triton_unavailable() -> Optional[str]:
     return None
 
 
-def _triton_unsupported(call: Call) -> Optional[str]:
+def _triton_unsupported(call: Call) -> str | None:
     from . import triton_diff
 
     return triton_diff.unsupported(call)
 
 
-def _sdpa_unsupported(call: Call) -> Optional[str]:
+def _sdpa_unsupported(call: Call) -> str | None:
     if call.dropout_p > 0.0:
         return "attention dropout: SDPA would draw separate masks for the two branches, not one for A1 - lam A2"
     return None

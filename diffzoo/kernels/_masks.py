@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -42,8 +41,8 @@ def check_attention_inputs(
     v: Tensor,
     *,
     differential: bool,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
 ) -> tuple[int, int, int, int, int]:
     """Validate kernel inputs and return ``(B, H, H_kv, Nq, Nk)``.
 
@@ -111,7 +110,7 @@ def check_attention_inputs(
     return B, H, Hkv, Nq, Nk
 
 
-def causal_allowed(Nq: int, Nk: int, device: torch.device, row_offset: int = 0, rows: Optional[int] = None) -> Tensor:
+def causal_allowed(Nq: int, Nk: int, device: torch.device, row_offset: int = 0, rows: int | None = None) -> Tensor:
     """Bool ``(rows, Nk)`` mask, True where query ``row_offset + r`` may see key ``j`` (bottom-right aligned)."""
     rows = Nq - row_offset if rows is None else rows
     i = torch.arange(row_offset, row_offset + rows, device=device).unsqueeze(1)
@@ -130,11 +129,11 @@ class PreparedMask:
         row_valid: bool ``(B|1, H|1, Nq, 1)``, False for rows with no allowed key, or ``None`` if all rows are valid.
     """
 
-    bias: Optional[Tensor]
+    bias: Tensor | None
     causal: bool
-    row_valid: Optional[Tensor]
+    row_valid: Tensor | None
 
-    def allowed(self) -> Optional[Tensor]:
+    def allowed(self) -> Tensor | None:
         """bool, broadcastable to ``(B, H, Nq, Nk)``: the (query, key) pairs that may attend; None = all.
 
         Only for masks prepared without ``keep_causal_separate`` (a separate causal mask is not in it).
@@ -146,8 +145,8 @@ class PreparedMask:
 
 
 def prepare_mask(
-    attn_mask: Optional[Tensor],
-    key_padding_mask: Optional[Tensor],
+    attn_mask: Tensor | None,
+    key_padding_mask: Tensor | None,
     causal: bool,
     Nq: int,
     Nk: int,
@@ -167,7 +166,7 @@ def prepare_mask(
             return PreparedMask(None, False, None)
         if keep_causal_separate and Nq <= Nk:
             return PreparedMask(None, True, None)
-    bias: Optional[Tensor] = None
+    bias: Tensor | None = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             bias = torch.zeros(attn_mask.shape, dtype=torch.float32, device=device).masked_fill_(~attn_mask, float("-inf"))

@@ -13,7 +13,6 @@ become ``G * rows`` rows against the same keys), so keys and values are never co
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -29,7 +28,7 @@ _softmax_out = torch.ops.aten._softmax.out
 _softmax_backward_out = torch.ops.aten._softmax_backward_data.out
 
 
-def _alloc(like: Tensor, *shape: int, dtype: Optional[torch.dtype] = None) -> Tensor:
+def _alloc(like: Tensor, *shape: int, dtype: torch.dtype | None = None) -> Tensor:
     if _POISON:
         return like.new_full(shape, float("nan"), dtype=dtype or like.dtype)
     return like.new_empty(shape, dtype=dtype or like.dtype)
@@ -49,7 +48,7 @@ def _key_end(causal: bool, r1: int, Nq: int, Nk: int) -> int:
     return max(1, min(Nk, r1 + Nk - Nq)) if causal else Nk
 
 
-def _buffer(buf: Optional[Tensor], *shape: int) -> Optional[Tensor]:
+def _buffer(buf: Tensor | None, *shape: int) -> Tensor | None:
     """A contiguous ``shape`` view on the start of ``buf`` when it fits, else None (a new tensor is made)."""
     if buf is None or math.prod(shape) > buf.numel():
         return None
@@ -57,8 +56,8 @@ def _buffer(buf: Optional[Tensor], *shape: int) -> Optional[Tensor]:
 
 
 def _block_bias(
-    bias: Optional[Tensor], causal: bool, r0: int, r1: int, Nq: int, Nk: int, device, kend: int
-) -> Optional[Tensor]:
+    bias: Tensor | None, causal: bool, r0: int, r1: int, Nq: int, Nk: int, device, kend: int
+) -> Tensor | None:
     """Additive bias for query rows ``r0:r1`` and keys ``0:kend`` as ``(B|1, H|1, rows, kend)`` fp32, or None."""
     out = None
     if bias is not None:
@@ -70,7 +69,7 @@ def _block_bias(
     return out
 
 
-def _block_maps(qb: Tensor, k5: Tensor, bias: Optional[Tensor], G: int, out: Optional[Tensor] = None) -> Tensor:
+def _block_maps(qb: Tensor, k5: Tensor, bias: Tensor | None, G: int, out: Tensor | None = None) -> Tensor:
     """Both softmax maps of one block in one buffer, fp32 ``(2, B, Hkv, G * rows, Nk)``.
 
     ``qb`` is ``(2, B, Hkv, G * rows, d)`` (queries scaled, branch first) and ``k5`` the keys as a
@@ -111,7 +110,7 @@ def _block_queries(q6: Tensor, r0: int, r1: int, scale: float) -> Tensor:
     return qb.view(2, B, Hkv, G * (r1 - r0), d)
 
 
-def _seed(seed: Optional[Tensor]) -> int:
+def _seed(seed: Tensor | None) -> int:
     if seed is None:
         raise ValueError("the blockwise kernel needs a seed tensor when dropout_p > 0")
     return int(seed)
@@ -123,11 +122,11 @@ def blockwise_forward(
     k: Tensor,
     v: Tensor,
     lam: Tensor,
-    bias: Optional[Tensor],
+    bias: Tensor | None,
     causal: bool,
     scale: float,
     dropout_p: float,
-    seed: Optional[Tensor],
+    seed: Tensor | None,
 ) -> Tensor:
     """Forward of the kernel as one operator, ``torch.ops.diffzoo.blockwise_diff_attention``.
 
@@ -171,11 +170,11 @@ def blockwise_backward(
     k: Tensor,
     v: Tensor,
     lam: Tensor,
-    bias: Optional[Tensor],
+    bias: Tensor | None,
     causal: bool,
     scale: float,
     dropout_p: float,
-    seed: Optional[Tensor],
+    seed: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv, dlam)`` of :func:`blockwise_forward`, recomputing the maps block by block."""
     B, H2, Nq, d = q.shape
@@ -256,10 +255,10 @@ def diff_attention_blockwise(
     v: Tensor,
     lam: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
     """Exact blockwise differential attention; same signature and result as the reference backend.

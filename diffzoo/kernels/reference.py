@@ -11,7 +11,7 @@ backend never passes one; :mod:`diffzoo.analysis` uses it to quantise the logits
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,10 +19,10 @@ from torch import Tensor
 
 from ._masks import PreparedMask, as_lambda, check_attention_inputs, prepare_mask
 
-ScoreHook = Callable[[Tensor, Optional[Tensor]], Tensor]
+ScoreHook = Callable[[Tensor, Tensor | None], Tensor]
 
 
-def diff_attention_logits(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
+def diff_attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
     """Scaled logits of both branches, fp32 ``(B, H, 2, Nq, Nk)``: query head ``2i + b`` of
     ``q (B, 2H, Nq, d)`` against key head ``2g + b`` of its group in ``k (B, 2H_kv, Nk, d)``."""
     B, Hq, Nq, d = q.shape
@@ -33,14 +33,14 @@ def diff_attention_logits(q: Tensor, k: Tensor, scale: Optional[float] = None) -
     return (qf @ kf.transpose(-1, -2)) * scale
 
 
-def attention_logits(q: Tensor, k: Tensor, scale: Optional[float] = None) -> Tensor:
+def attention_logits(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
     """Scaled logits of grouped-query softmax attention, fp32 ``(B, H, Nq, Nk)``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kf = k.float().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     return (q.float() @ kf.transpose(-1, -2)) * scale
 
 
-def _masked_softmax(scores: Tensor, m: PreparedMask, pairs: bool, score_hook: Optional[ScoreHook]) -> Tensor:
+def _masked_softmax(scores: Tensor, m: PreparedMask, pairs: bool, score_hook: ScoreHook | None) -> Tensor:
     """softmax(hook(scores) + bias), zero on rows with no allowed key; ``pairs``: scores carry a branch
     axis at dim 2 that the mask is broadcast over."""
     bias, row_valid = m.bias, m.row_valid
@@ -61,11 +61,11 @@ def diff_attention_maps(
     k: Tensor,
     lam: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
-    score_hook: Optional[ScoreHook] = None,
+    scale: float | None = None,
+    score_hook: ScoreHook | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Both softmax maps of differential attention, fp32.
 
@@ -92,12 +92,12 @@ def diff_attention_reference(
     v: Tensor,
     lam: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    score_hook: Optional[ScoreHook] = None,
+    score_hook: ScoreHook | None = None,
 ) -> Tensor:
     """``(softmax(q1 k1^T s + M) - lam * softmax(q2 k2^T s + M)) @ v`` per differential head.
 
@@ -132,11 +132,11 @@ def attention_maps(
     q: Tensor,
     k: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
-    score_hook: Optional[ScoreHook] = None,
+    scale: float | None = None,
+    score_hook: ScoreHook | None = None,
 ) -> Tensor:
     """Softmax attention map ``(B, H, Nq, Nk)`` in fp32 for ``q (B, H, Nq, d)``, ``k (B, H_kv, Nk, d)``."""
     v_dummy = k.new_empty((*k.shape[:3], 1))
@@ -152,12 +152,12 @@ def attention_reference(
     k: Tensor,
     v: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    score_hook: Optional[ScoreHook] = None,
+    score_hook: ScoreHook | None = None,
 ) -> Tensor:
     """Standard softmax attention ``softmax(q k^T s + M) @ v`` with grouped-query heads, fp32 inside."""
     a = attention_maps(

@@ -16,8 +16,8 @@ import contextlib
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
 
 from torch import Tensor
 
@@ -36,8 +36,8 @@ class Call:
     q: Tensor
     k: Tensor
     v: Tensor
-    attn_mask: Optional[Tensor]
-    key_padding_mask: Optional[Tensor]
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
     causal: bool
     dropout_p: float
     requires_grad: bool
@@ -56,9 +56,9 @@ class Backend:
 
     name: str
     load: Callable[[], Callable[..., Tensor]]
-    unavailable: Callable[[], Optional[str]] = lambda: None
-    unsupported: Callable[[Call], Optional[str]] = lambda call: None
-    _fn: Optional[Callable[..., Tensor]] = field(default=None, repr=False)
+    unavailable: Callable[[], str | None] = lambda: None
+    unsupported: Callable[[Call], str | None] = lambda call: None
+    _fn: Callable[..., Tensor] | None = field(default=None, repr=False)
 
     def fn(self) -> Callable[..., Tensor]:
         if self._fn is None:
@@ -99,7 +99,7 @@ def set_auto_order(op: str, device_type: str, order: tuple[str, ...]) -> None:
 
 
 @contextlib.contextmanager
-def use_backend(name: Optional[str]) -> Iterator[None]:
+def use_backend(name: str | None) -> Iterator[None]:
     """Run the enclosed code with attention backend ``name`` (``None`` restores the default chain)."""
     if name is not None:
         _check_name(name)
@@ -111,7 +111,7 @@ def use_backend(name: Optional[str]) -> Iterator[None]:
         _requested.name = previous
 
 
-def requested_backend(explicit: Optional[str] = None) -> str:
+def requested_backend(explicit: str | None = None) -> str:
     """The backend name in force: argument, context manager, environment variable, then ``"auto"``."""
     name = explicit or getattr(_requested, "name", None) or os.environ.get(ENV_VAR) or "auto"
     _check_name(name)
@@ -131,7 +131,7 @@ def _log_once(op: str, wanted: str, got: str, reason: str) -> None:
         log.warning("diffzoo %s attention: backend %r not used (%s); using %r", op, wanted, reason, got)
 
 
-def select_backend(op: str, call: Call, explicit: Optional[str] = None) -> Backend:
+def select_backend(op: str, call: Call, explicit: str | None = None) -> Backend:
     """Pick the backend for one call (see the module docstring for the order)."""
     name = requested_backend(explicit)
     table = _REGISTRY[op]

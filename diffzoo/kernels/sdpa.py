@@ -12,8 +12,6 @@ while differential attention drops the combined map ``A1 - lam A2`` once.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -21,12 +19,12 @@ from torch import Tensor
 from ._masks import as_lambda, check_attention_inputs, prepare_mask
 
 
-def _sdpa_mask(bias: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+def _sdpa_mask(bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     # SDPA takes an additive mask in the query dtype; -inf survives the cast.
     return None if bias is None else bias.to(dtype)
 
 
-def _repeat_batch(mask: Optional[Tensor], times: int) -> Optional[Tensor]:
+def _repeat_batch(mask: Tensor | None, times: int) -> Tensor | None:
     if mask is None or mask.shape[0] == 1:
         return mask
     return mask.repeat(times, 1, 1, 1)
@@ -38,10 +36,10 @@ def diff_attention_sdpa(
     v: Tensor,
     lam: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
     """Differential attention via SDPA; same signature and result as the reference backend (no dropout)."""
@@ -93,10 +91,10 @@ def attention_sdpa(
     k: Tensor,
     v: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
     """Standard softmax attention via SDPA, with grouped-query heads and safe fully-masked rows."""

@@ -38,7 +38,7 @@ On a machine without CUDA the kernels run in Triton's CPU interpreter (slow; use
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +63,7 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Test hooks: fill every output buffer with NaN before the kernels write (catches unwritten
 # elements), and force block sizes (to put block boundaries inside small test shapes).
 _poison = False
-_forced_blocks: Optional[tuple[int, int]] = None
+_forced_blocks: tuple[int, int] | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -594,7 +594,7 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _mask_args(kpb: Optional[Tensor], bias: Optional[Tensor], dummy: Tensor) -> tuple:
+def _mask_args(kpb: Tensor | None, bias: Tensor | None, dummy: Tensor) -> tuple:
     kpb_t, skpb = (dummy, 0) if kpb is None else (kpb, kpb.stride(0))
     if bias is None:
         return kpb_t, skpb, dummy, (0, 0, 0, 0)
@@ -602,7 +602,7 @@ def _mask_args(kpb: Optional[Tensor], bias: Optional[Tensor], dummy: Tensor) -> 
 
 
 def _forward_impl(
-    q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Optional[Tensor], bias: Optional[Tensor],
+    q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Tensor | None, bias: Tensor | None,
     causal: bool, scale: float, save_parts: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     B, H2, Nq, D = q.shape
@@ -626,7 +626,7 @@ def _forward_impl(
 
 
 def _backward_impl(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Optional[Tensor], bias: Optional[Tensor],
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Tensor | None, bias: Tensor | None,
     parts: Tensor, lse: Tensor, causal: bool, scale: float, deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     B, H2, Nq, D = q.shape
@@ -682,7 +682,7 @@ def _backward_impl(
 
 @torch.library.custom_op("diffzoo::triton_diff_attention_fwd", mutates_args=())
 def _fwd_op(
-    q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Optional[Tensor], bias: Optional[Tensor],
+    q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Tensor | None, bias: Tensor | None,
     causal: bool, scale: float, save_parts: bool, deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     return _forward_impl(q, k, v, lam, kpb, bias, causal, scale, save_parts)
@@ -698,7 +698,7 @@ def _(q, k, v, lam, kpb, bias, causal, scale, save_parts, deterministic):
 
 @torch.library.custom_op("diffzoo::triton_diff_attention_bwd", mutates_args=())
 def _bwd_op(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Optional[Tensor], bias: Optional[Tensor],
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Tensor | None, bias: Tensor | None,
     parts: Tensor, lse: Tensor, causal: bool, scale: float, deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward_impl(dout, q, k, v, lam, kpb, bias, parts, lse, causal, scale, deterministic)
@@ -736,7 +736,7 @@ def _pad_width(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def _check_tensors(q: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float) -> Optional[str]:
+def _check_tensors(q: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float) -> str | None:
     if dropout_p > 0.0:
         return "attention dropout is not implemented in the fused kernel"
     if q.dtype not in _DTYPES:
@@ -760,12 +760,12 @@ def _check_tensors(q: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p:
     return None
 
 
-def unsupported(call: Call) -> Optional[str]:
+def unsupported(call: Call) -> str | None:
     """``None`` if the fused kernel can run ``call``, else the reason it cannot."""
     return _check_tensors(call.q, call.v, call.attn_mask, call.dropout_p)
 
 
-def _attn_bias(attn_mask: Optional[Tensor], B: int, H: int, Nq: int, Nk: int) -> Optional[Tensor]:
+def _attn_bias(attn_mask: Tensor | None, B: int, H: int, Nq: int, Nk: int) -> Tensor | None:
     """fp32 additive bias viewed as ``(B, H, Nq, Nk)`` with stride 0 on broadcast dimensions."""
     if attn_mask is None:
         return None
@@ -785,10 +785,10 @@ def diff_attention_triton(
     v: Tensor,
     lam: Tensor,
     *,
-    attn_mask: Optional[Tensor] = None,
-    key_padding_mask: Optional[Tensor] = None,
+    attn_mask: Tensor | None = None,
+    key_padding_mask: Tensor | None = None,
     causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> Tensor:
     """Fused differential flash attention; same signature and result as the reference backend.

@@ -6,7 +6,7 @@ Every attention in diffzoo (softmax baseline, differential V1 and V2) derives fr
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +18,7 @@ from .heads import check_positive_int, resolve_heads
 from .kv_cache import KVCache
 from .rope import RotaryEmbedding
 
-RopeArg = Union[RotaryEmbedding, bool, None]
+RopeArg = RotaryEmbedding | bool | None
 
 # torch.fx records the kernels as single calls (their input checks and backend choice need real tensors).
 torch.fx.wrap("attention")
@@ -43,7 +43,7 @@ class AttentionBase(nn.Module):
         head_dim: int,
         v_dim: int,
         out_in: int,
-        kv_dim: Optional[int] = None,
+        kv_dim: int | None = None,
         qkv_bias: bool = False,
         proj_bias: bool = True,
         causal: bool = False,
@@ -51,7 +51,7 @@ class AttentionBase(nn.Module):
         rope_base: float = 10000.0,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        backend: Optional[str] = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
         check_positive_int("head_dim", head_dim)
@@ -77,7 +77,7 @@ class AttentionBase(nn.Module):
             raise ValueError(f"RotaryEmbedding(dim={rope.dim}) does not match head_dim={head_dim}")
         self.rope = rope
 
-    def __prepare_scriptable__(self) -> "AttentionBase":
+    def __prepare_scriptable__(self) -> AttentionBase:
         # torch.jit.script calls this on every submodule before compiling: fail here, with the reason,
         # rather than deep inside TorchScript's compiler (or, behind a caller that catches it, silently).
         raise RuntimeError(
@@ -88,7 +88,7 @@ class AttentionBase(nn.Module):
 
     # -- helpers -------------------------------------------------------------------------------
     def make_kv_cache(
-        self, batch_size: int, max_seq_len: int, dtype: Optional[torch.dtype] = None, device: Any = None
+        self, batch_size: int, max_seq_len: int, dtype: torch.dtype | None = None, device: Any = None
     ) -> KVCache:
         """An empty :class:`KVCache` shaped for this layer's keys and values.
 
@@ -122,16 +122,16 @@ class AttentionBase(nn.Module):
     def forward(
         self,
         x: Tensor,
-        context: Optional[Tensor] = None,
+        context: Tensor | None = None,
         *,
-        key_padding_mask: Optional[Tensor] = None,
-        attn_mask: Optional[Tensor] = None,
-        causal: Optional[bool] = None,
-        positions: Optional[Tensor] = None,
-        kv_cache: Optional[KVCache] = None,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        causal: bool | None = None,
+        positions: Tensor | None = None,
+        kv_cache: KVCache | None = None,
         return_attn: bool = False,
-        backend: Optional[str] = None,
-    ) -> Union[Tensor, tuple[Tensor, dict[str, Tensor]]]:
+        backend: str | None = None,
+    ) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """Attend from ``x`` to itself, or to ``context`` (cross-attention).
 
         Args:
@@ -187,8 +187,8 @@ class AttentionBase(nn.Module):
         return self.attn_drop if self.training else 0.0
 
     def _attend(
-        self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, masks: dict, return_attn: bool, backend: Optional[str]
-    ) -> tuple[Tensor, Optional[dict[str, Tensor]]]:
+        self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, masks: dict, return_attn: bool, backend: str | None
+    ) -> tuple[Tensor, dict[str, Tensor] | None]:
         raise NotImplementedError
 
 
@@ -212,10 +212,10 @@ class Attention(AttentionBase):
         self,
         dim: int,
         num_heads: int,
-        num_kv_heads: Optional[int] = None,
-        head_dim: Optional[int] = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
         *,
-        kv_dim: Optional[int] = None,
+        kv_dim: int | None = None,
         qkv_bias: bool = False,
         proj_bias: bool = True,
         causal: bool = False,
@@ -223,7 +223,7 @@ class Attention(AttentionBase):
         rope_base: float = 10000.0,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        backend: Optional[str] = None,
+        backend: str | None = None,
     ) -> None:
         num_kv_heads, head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
         super().__init__(

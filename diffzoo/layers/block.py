@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Optional
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +20,7 @@ AttnKind = Literal["softmax", "diff", "diff_v2"]
 
 
 def diff_heads_for_baseline(
-    dim: int, num_heads: int, num_kv_heads: Optional[int] = None, head_dim: Optional[int] = None
+    dim: int, num_heads: int, num_kv_heads: int | None = None, head_dim: int | None = None
 ) -> tuple[int, int, int]:
     """Differential ``(num_heads, num_kv_heads, head_dim)`` matching a softmax baseline's projections.
 
@@ -50,12 +51,12 @@ def build_attention(
     kind: AttnKind,
     dim: int,
     num_heads: int,
-    num_kv_heads: Optional[int] = None,
-    head_dim: Optional[int] = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
     *,
     depth: int = 0,
-    lambda_init: Optional[float] = None,
-    sub_norm_eps: Optional[float] = None,
+    lambda_init: float | None = None,
+    sub_norm_eps: float | None = None,
     **kwargs,
 ) -> AttentionBase:
     """Build one attention layer from the *baseline's* head counts.
@@ -142,14 +143,14 @@ class Block(nn.Module):
         num_heads: int,
         *,
         attn: AttnKind = "diff",
-        num_kv_heads: Optional[int] = None,
-        head_dim: Optional[int] = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
         mlp_ratio: float = 4.0,
-        mlp_hidden_dim: Optional[int] = None,
+        mlp_hidden_dim: int | None = None,
         mlp: Literal["mlp", "swiglu"] = "mlp",
         norm: Literal["layernorm", "rmsnorm"] = "layernorm",
         depth: int = 0,
-        lambda_init: Optional[float] = None,
+        lambda_init: float | None = None,
         qkv_bias: bool = False,
         proj_bias: bool = True,
         mlp_bias: bool = True,
@@ -159,11 +160,11 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         drop_path: float = 0.0,
-        layer_scale_init: Optional[float] = None,
+        layer_scale_init: float | None = None,
         act_layer: Callable[[], nn.Module] = nn.GELU,
-        norm_eps: Optional[float] = None,
-        sub_norm_eps: Optional[float] = None,
-        backend: Optional[str] = None,
+        norm_eps: float | None = None,
+        sub_norm_eps: float | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
         self.depth = depth
@@ -191,12 +192,12 @@ class Block(nn.Module):
         self,
         x: Tensor,
         *,
-        key_padding_mask: Optional[Tensor] = None,
-        attn_mask: Optional[Tensor] = None,
-        causal: Optional[bool] = None,
-        positions: Optional[Tensor] = None,
-        kv_cache: Optional[KVCache] = None,
-        backend: Optional[str] = None,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        causal: bool | None = None,
+        positions: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        backend: str | None = None,
     ) -> Tensor:
         """``x (B, N, dim)``; the keyword arguments go to the attention's ``forward`` (see :class:`AttentionBase`)."""
         a = self.attn(

@@ -16,7 +16,6 @@ and head; no per-head norm.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -67,12 +66,12 @@ class DiffAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int,
-        num_kv_heads: Optional[int] = None,
-        head_dim: Optional[int] = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
         *,
-        lambda_init: Optional[float] = None,
+        lambda_init: float | None = None,
         depth: int = 0,
-        kv_dim: Optional[int] = None,
+        kv_dim: int | None = None,
         qkv_bias: bool = False,
         proj_bias: bool = True,
         causal: bool = False,
@@ -81,7 +80,7 @@ class DiffAttention(AttentionBase):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         norm_eps: float = 1e-5,
-        backend: Optional[str] = None,
+        backend: str | None = None,
         sub_norm: bool = True,
     ) -> None:
         num_kv_heads, head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim, widths_per_head=2)
@@ -148,10 +147,10 @@ class DiffAttentionV2(AttentionBase):
         self,
         dim: int,
         num_heads: int,
-        num_kv_heads: Optional[int] = None,
-        head_dim: Optional[int] = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
         *,
-        kv_dim: Optional[int] = None,
+        kv_dim: int | None = None,
         qkv_bias: bool = False,
         proj_bias: bool = True,
         causal: bool = False,
@@ -160,7 +159,7 @@ class DiffAttentionV2(AttentionBase):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         lambda_bias: bool = False,
-        backend: Optional[str] = None,
+        backend: str | None = None,
     ) -> None:
         num_kv_heads, head_dim = resolve_heads(dim, num_heads, num_kv_heads, head_dim)
         super().__init__(

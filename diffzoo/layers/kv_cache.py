@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -29,8 +27,8 @@ class KVCache:
         k_dim: int,
         v_heads: int,
         v_dim: int,
-        dtype: Optional[torch.dtype] = None,
-        device: Optional[torch.device] = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | None = None,
     ) -> None:
         sizes = dict(batch_size=batch_size, max_seq_len=max_seq_len, k_heads=k_heads, k_dim=k_dim, v_heads=v_heads, v_dim=v_dim)
         for name, value in sizes.items():
@@ -38,15 +36,15 @@ class KVCache:
                 raise ValueError(f"KVCache {name}={value} must be >= 0")
         self._k_shape = (batch_size, k_heads, max_seq_len, k_dim)
         self._v_shape = (batch_size, v_heads, max_seq_len, v_dim)
-        self.k: Optional[Tensor] = None
-        self.v: Optional[Tensor] = None
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
         self.seq_len = 0
         if dtype is not None:
             self._allocate(dtype, device)
         else:
             self._device = device
 
-    def _allocate(self, dtype: torch.dtype, device: Optional[torch.device]) -> None:
+    def _allocate(self, dtype: torch.dtype, device: torch.device | None) -> None:
         self.k = torch.zeros(self._k_shape, dtype=dtype, device=device)
         self.v = torch.zeros(self._v_shape, dtype=dtype, device=device)
 
@@ -55,7 +53,7 @@ class KVCache:
         return self._k_shape[2]
 
     @property
-    def dtype(self) -> Optional[torch.dtype]:
+    def dtype(self) -> torch.dtype | None:
         """dtype of the stored keys/values (None until the first update of a cache that follows its inputs)."""
         return None if self.k is None else self.k.dtype
 

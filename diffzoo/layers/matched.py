@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from torch import nn
 
@@ -65,11 +64,11 @@ class MatchedPair:
 def matched_attention_pair(
     dim: int,
     num_heads: int,
-    num_kv_heads: Optional[int] = None,
-    head_dim: Optional[int] = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
     *,
     depth: int = 0,
-    lambda_init: Optional[float] = None,
+    lambda_init: float | None = None,
     **kwargs,
 ) -> MatchedPair:
     """Build a softmax :class:`Attention` with ``num_heads`` heads and its matched :class:`DiffAttention`.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor, nn
 
@@ -33,7 +31,7 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq: Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """Rotate ``x (B, heads, N, dim)`` at ``positions`` (``(N,)`` or ``(B, N)`` ints, default ``0..N-1``)."""
         N = x.shape[-2]
         if not is_fx_tracing():

@@ -24,8 +24,8 @@ A variant is applied in two steps: the model is built with ``attn`` (and, for ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torch import nn
 

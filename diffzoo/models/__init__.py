@@ -7,16 +7,6 @@ with diffzoo attention through ``attn_layer=``, see :mod:`diffzoo.models.vit`) a
 model configs; the causal LM lives in :mod:`diffzoo.models.lm`.
 """
 
-from .vit import (
-    VIT_CONFIGS,
-    TimmDiffAttention,
-    TimmDiffAttentionV2,
-    VisionTransformer,
-    checkpoint_filter_fn,
-    matched_name,
-    model_names,
-    vision_transformer,
-)
 from .clip import DiffTextTower, DiffVisionTower, DiffzooTowerCfg, clip_model_names, create_clip
 from .hf_difflama import from_hf_difflama, to_hf_difflama  # transformers is imported only when called
 from .lm import LM_PRESETS, CausalLM, LMConfig, generate, left_pad, matched_lm_pair, sample_next
@@ -28,6 +18,16 @@ from .speech import (
     SpeechTransformer,
     matched_speech_name,
     speech_model_names,
+)
+from .vit import (
+    VIT_CONFIGS,
+    TimmDiffAttention,
+    TimmDiffAttentionV2,
+    VisionTransformer,
+    checkpoint_filter_fn,
+    matched_name,
+    model_names,
+    vision_transformer,
 )
 
 __all__ = [

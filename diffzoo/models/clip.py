@@ -51,24 +51,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from functools import partial
 import json
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
-
-import torch
-from torch import Tensor, nn
+from typing import Any
 
 import open_clip
 import open_clip.model as _oc_model
+import torch
 from open_clip.model import CLIPTextCfg, CLIPVisionCfg, CustomTextCLIP
 from open_clip.transform import PreprocessCfg
 from open_clip.transformer import QuickGELU
 from open_clip.utils import to_2tuple
-
 from timm.layers import LayerNorm
+from torch import Tensor, nn
 
 from ..layers import GradCheckpointingMixin, Transformer
 from .vit import diff_head_layout, vision_transformer
@@ -97,16 +96,16 @@ class DiffzooTowerCfg:
     """The ``"diffzoo"`` entry of an open_clip ``vision_cfg`` / ``text_cfg``: what open_clip's fields do not say."""
 
     attn: str = "diff"  # "diff" (differential V1, the paper), "diff_v2" or "softmax" (the matched baseline)
-    lambda_init: Optional[float] = None  # constant lambda_init (DiffCLIP: 0.8); None = 0.8 - 0.6 exp(-0.3 l)
-    head_dim: Optional[int] = None  # differential q/k width; needed only when the baseline head count is odd
-    act: Optional[str] = None  # MLP activation "gelu" / "quick_gelu"; None follows open_clip's quick_gelu flag
+    lambda_init: float | None = None  # constant lambda_init (DiffCLIP: 0.8); None = 0.8 - 0.6 exp(-0.3 l)
+    head_dim: int | None = None  # differential q/k width; needed only when the baseline head count is odd
+    act: str | None = None  # MLP activation "gelu" / "quick_gelu"; None follows open_clip's quick_gelu flag
     norm_eps: float = 1e-5  # epsilon of the block and final LayerNorms (open_clip and DiffCLIP use 1e-5)
     qkv_bias: bool = True  # bias on the q/k/v projections (CLIP and DiffCLIP: on)
     drop_path_rate: float = 0.0  # stochastic depth, increased linearly over the blocks up to this value
     attn_drop: float = 0.0  # dropout on the attention maps
     proj_drop: float = 0.0  # dropout after the attention and MLP projections
-    backend: Optional[str] = None  # attention kernel backend; None follows diffzoo.kernels' selection
-    preprocess_cfg: Optional[dict] = None  # vision only: open_clip PreprocessCfg fields (mean, std, ...)
+    backend: str | None = None  # attention kernel backend; None follows diffzoo.kernels' selection
+    preprocess_cfg: dict | None = None  # vision only: open_clip PreprocessCfg fields (mean, std, ...)
 
     def __post_init__(self) -> None:
         if self.attn not in ("diff", "diff_v2", "softmax"):
@@ -127,7 +126,7 @@ class DiffzooTowerCfg:
                 )
 
     @classmethod
-    def from_any(cls, cfg: Union["DiffzooTowerCfg", dict, None]) -> "DiffzooTowerCfg":
+    def from_any(cls, cfg: DiffzooTowerCfg | dict | None) -> DiffzooTowerCfg:
         if isinstance(cfg, cls):
             return cfg
         cfg = dict(cfg or {})
@@ -198,14 +197,14 @@ class DiffVisionTower(nn.Module):
         self,
         embed_dim: int,
         *,
-        image_size: Union[int, Sequence[int]] = 224,
+        image_size: int | Sequence[int] = 224,
         patch_size: int = 16,
         width: int = 768,
         layers: int = 12,
         head_width: int = 64,
         mlp_ratio: float = 4.0,
-        ls_init_value: Optional[float] = None,
-        diffzoo: Union[DiffzooTowerCfg, dict, None] = None,
+        ls_init_value: float | None = None,
+        diffzoo: DiffzooTowerCfg | dict | None = None,
         quick_gelu: bool = False,
         in_chans: int = 3,
     ) -> None:
@@ -318,13 +317,13 @@ class DiffVisionTower(nn.Module):
     def forward_intermediates(
         self,
         x: Tensor,
-        indices: Optional[Union[int, list[int]]] = None,
+        indices: int | list[int] | None = None,
         stop_early: bool = False,
         normalize_intermediates: bool = False,
         intermediates_only: bool = False,
         output_fmt: str = "NCHW",
         output_extra_tokens: bool = False,
-    ) -> dict[str, Union[Tensor, list[Tensor]]]:
+    ) -> dict[str, Tensor | list[Tensor]]:
         """Block outputs as open_clip's ``VisionTransformer.forward_intermediates`` returns them.
 
         Args:
@@ -345,7 +344,7 @@ class DiffVisionTower(nn.Module):
             stop_early=stop_early and intermediates_only, output_fmt=output_fmt, intermediates_only=intermediates_only,
         )
         final, intermediates = (None, res) if intermediates_only else res
-        out: dict[str, Union[Tensor, list[Tensor]]] = {}
+        out: dict[str, Tensor | list[Tensor]] = {}
         if output_extra_tokens:
             out["image_intermediates"] = [y for y, _ in intermediates]
             out["image_intermediates_prefix"] = [p for _, p in intermediates]
@@ -395,11 +394,11 @@ class DiffTextTower(GradCheckpointingMixin, nn.Module):
         heads: int = 8,
         layers: int = 12,
         mlp_ratio: float = 4.0,
-        ls_init_value: Optional[float] = None,
+        ls_init_value: float | None = None,
         no_causal_mask: bool = False,
         pad_id: int = 0,
         eos_id: int = 2,
-        diffzoo: Union[DiffzooTowerCfg, dict, None] = None,
+        diffzoo: DiffzooTowerCfg | dict | None = None,
         quick_gelu: bool = False,
     ) -> None:
         super().__init__()
@@ -518,13 +517,13 @@ class DiffTextTower(GradCheckpointingMixin, nn.Module):
     def forward_intermediates(
         self,
         text: Tensor,
-        indices: Optional[Union[int, list[int]]] = None,
+        indices: int | list[int] | None = None,
         stop_early: bool = False,
         normalize_intermediates: bool = False,
         intermediates_only: bool = False,
         output_fmt: str = "NLC",
         output_extra_tokens: bool = False,
-    ) -> dict[str, Union[Tensor, list[Tensor]]]:
+    ) -> dict[str, Tensor | list[Tensor]]:
         """Block outputs ``(B, N, width)`` as open_clip's ``TextTransformer.forward_intermediates`` returns them."""
         if output_fmt != "NLC":
             raise ValueError(f"output_fmt={output_fmt!r}; text intermediates are 'NLC'")
@@ -534,7 +533,7 @@ class DiffTextTower(GradCheckpointingMixin, nn.Module):
         )
         if normalize_intermediates:
             intermediates = [self.ln_final(t) for t in intermediates]
-        out: dict[str, Union[Tensor, list[Tensor]]] = {"text_intermediates": intermediates}
+        out: dict[str, Tensor | list[Tensor]] = {"text_intermediates": intermediates}
         if not intermediates_only:
             out["text_features"] = self._pool(self.ln_final(x), eot)
         return out
@@ -545,7 +544,7 @@ def _wants_diffzoo(cfg: Any) -> bool:
     return isinstance(cfg, dict) and "diffzoo" in cfg
 
 
-def _refuse_cast_dtype(cast_dtype: Optional[torch.dtype]) -> None:
+def _refuse_cast_dtype(cast_dtype: torch.dtype | None) -> None:
     if cast_dtype is not None:
         raise ValueError(
             f"open_clip precision with cast_dtype={cast_dtype} (low-precision weights, fp32 LayerNorms) is not "
@@ -554,7 +553,7 @@ def _refuse_cast_dtype(cast_dtype: Optional[torch.dtype]) -> None:
 
 
 def build_vision_tower(embed_dim: int, vision_cfg: dict, quick_gelu: bool = False,
-                       cast_dtype: Optional[torch.dtype] = None) -> DiffVisionTower:
+                       cast_dtype: torch.dtype | None = None) -> DiffVisionTower:
     """Build a :class:`DiffVisionTower` from an open_clip ``vision_cfg`` dict with a ``"diffzoo"`` entry."""
     _refuse_cast_dtype(cast_dtype)
     fields, entry = _split_tower_cfg(vision_cfg, CLIPVisionCfg, _VISION_FIELDS, "vision_cfg")
@@ -564,7 +563,7 @@ def build_vision_tower(embed_dim: int, vision_cfg: dict, quick_gelu: bool = Fals
 
 
 def build_text_tower(embed_dim: int, text_cfg: dict, quick_gelu: bool = False,
-                     cast_dtype: Optional[torch.dtype] = None) -> DiffTextTower:
+                     cast_dtype: torch.dtype | None = None) -> DiffTextTower:
     """Build a :class:`DiffTextTower` from an open_clip ``text_cfg`` dict with a ``"diffzoo"`` entry."""
     _refuse_cast_dtype(cast_dtype)
     fields, entry = _split_tower_cfg(text_cfg, CLIPTextCfg, _TEXT_FIELDS, "text_cfg")
@@ -614,7 +613,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def create_clip(name: str, *, device: Union[str, torch.device, None] = None, **overrides: Any) -> CustomTextCLIP:
+def create_clip(name: str, *, device: str | torch.device | None = None, **overrides: Any) -> CustomTextCLIP:
     """Build a diffzoo CLIP without open_clip's factory (no weights, no transforms).
 
     Args:

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -191,12 +192,12 @@ def load_converted(model: nn.Module, converted: Mapping[str, Tensor], strict: bo
 
 
 def load_diffclip_checkpoint(
-    path: Union[str, Path],
+    path: str | Path,
     model_name: str = "DiffCLIP-ViT-B-16",
     *,
-    model: Optional[nn.Module] = None,
+    model: nn.Module | None = None,
     strict: bool = True,
-    map_location: Union[str, torch.device] = "cpu",
+    map_location: str | torch.device = "cpu",
     weights_only: bool = True,
     **overrides: Any,
 ):

@@ -50,7 +50,7 @@ def _pairs_to_halves(w: Tensor, pairs: int, d: int) -> Tensor:
     return w.reshape(pairs, 2, d, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
 
 
-def config_from_hf(hf_config: "DiffLlamaConfig", **overrides: Any) -> LMConfig:
+def config_from_hf(hf_config: DiffLlamaConfig, **overrides: Any) -> LMConfig:
     """The :class:`LMConfig` of a transformers ``DiffLlamaConfig`` (raises for what diffzoo cannot express)."""
     c = hf_config
     if c.head_dim != c.hidden_size // c.num_attention_heads:
@@ -74,7 +74,7 @@ def config_from_hf(hf_config: "DiffLlamaConfig", **overrides: Any) -> LMConfig:
     return LMConfig(**kwargs)
 
 
-def config_to_hf(config: LMConfig, **overrides: Any) -> "DiffLlamaConfig":
+def config_to_hf(config: LMConfig, **overrides: Any) -> DiffLlamaConfig:
     """A transformers ``DiffLlamaConfig`` for a differential (V1) :class:`LMConfig`."""
     from transformers import DiffLlamaConfig
 
@@ -145,7 +145,7 @@ def diffzoo_state_dict_to_hf(sd: dict[str, Tensor], config: LMConfig) -> dict[st
     return out
 
 
-def from_hf_difflama(hf_model: "DiffLlamaForCausalLM", **overrides: Any) -> CausalLM:
+def from_hf_difflama(hf_model: DiffLlamaForCausalLM, **overrides: Any) -> CausalLM:
     """A :class:`CausalLM` with the weights of a transformers ``DiffLlamaForCausalLM`` (same logits)."""
     config = config_from_hf(hf_model.config, **overrides)
     model = CausalLM(config)
@@ -157,7 +157,7 @@ def from_hf_difflama(hf_model: "DiffLlamaForCausalLM", **overrides: Any) -> Caus
     return model.to(hf_model.dtype)
 
 
-def to_hf_difflama(model: CausalLM, **config_overrides: Any) -> "DiffLlamaForCausalLM":
+def to_hf_difflama(model: CausalLM, **config_overrides: Any) -> DiffLlamaForCausalLM:
     """A transformers ``DiffLlamaForCausalLM`` computing the same logits as ``model`` (attn ``"diff"``)."""
     from transformers import DiffLlamaForCausalLM
 

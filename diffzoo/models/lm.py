@@ -19,15 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import (
-    GradCheckpointingMixin, KVCache, RMSNorm, RotaryEmbedding, Transformer, check_matched, resolve_heads,
+    GradCheckpointingMixin,
+    KVCache,
+    RMSNorm,
+    RotaryEmbedding,
+    Transformer,
+    check_matched,
+    resolve_heads,
 )
 from ._renamed import accept_former_names, current_names
 
@@ -60,18 +67,18 @@ class LMConfig:
     # attention layer's own ``num_heads`` is what it runs: baseline_heads / 2 for "diff", baseline_heads
     # output heads for "diff_v2" and the softmax baseline.
     baseline_heads: int = 4  # heads of the softmax baseline; "diff" uses baseline_heads / 2 heads of two q/k pairs
-    baseline_kv_heads: Optional[int] = None  # baseline key/value heads (GQA); None = baseline_heads
+    baseline_kv_heads: int | None = None  # baseline key/value heads (GQA); None = baseline_heads
     attn: str = "diff"  # "diff" (V1, the paper), "diff_v2" or "softmax"
-    intermediate_size: Optional[int] = None  # SwiGLU hidden width; None = LLaMA's 8/3 D rounded up to multiple_of
+    intermediate_size: int | None = None  # SwiGLU hidden width; None = LLaMA's 8/3 D rounded up to multiple_of
     multiple_of: int = 32  # rounding of the default intermediate size
     rope_base: float = 10000.0  # RoPE theta
     norm_eps: float = 1e-5  # epsilon of every RMSNorm (block, final and the per-head norm of "diff")
     tie_embeddings: bool = True  # output projection shares the token embedding
-    lambda_init: Optional[float] = None  # constant lambda_init; None = the depth schedule 0.8 - 0.6 exp(-0.3 l)
+    lambda_init: float | None = None  # constant lambda_init; None = the depth schedule 0.8 - 0.6 exp(-0.3 l)
     bias: bool = False  # biases on the attention projections (LLaMA: none)
     init_std: float = 0.02  # normal init of linear and embedding weights
     max_seq_len: int = 2048  # default kv-cache length of generate()
-    backend: Optional[str] = None  # attention kernel backend (None follows diffzoo.kernels' selection)
+    backend: str | None = None  # attention kernel backend (None follows diffzoo.kernels' selection)
     # Former names, still accepted by __init__ and replace() and readable: num_heads -> baseline_heads,
     # num_kv_heads -> baseline_kv_heads (LM_RENAMED).
 
@@ -102,7 +109,7 @@ class LMConfig:
         """Query/key width ``d`` of every head (the baseline's ``dim / baseline_heads``)."""
         return self.dim // self.baseline_heads
 
-    def replace(self, **changes: Any) -> "LMConfig":
+    def replace(self, **changes: Any) -> LMConfig:
         """A copy with some fields changed (validated again); former field names are accepted."""
         return dataclasses.replace(self, **current_names(changes, LM_RENAMED))
 
@@ -166,7 +173,7 @@ class CausalLM(GradCheckpointingMixin, nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "CausalLM":
+    def from_preset(cls, name: str, **overrides: Any) -> CausalLM:
         """Build a named preset (``LM_PRESETS``), e.g. ``CausalLM.from_preset("lm_nano", attn="softmax")``."""
         return cls(LMConfig(**preset_args(name, **overrides)))
 
@@ -185,7 +192,7 @@ class CausalLM(GradCheckpointingMixin, nn.Module):
         return {"tok_embeddings.weight", "output.weight"} if self.config.tie_embeddings else {"tok_embeddings.weight"}
 
     def make_kv_caches(
-        self, batch_size: int, max_seq_len: Optional[int] = None, dtype: Optional[torch.dtype] = None
+        self, batch_size: int, max_seq_len: int | None = None, dtype: torch.dtype | None = None
     ) -> list[KVCache]:
         """One empty :class:`KVCache` per block for incremental decoding.
 
@@ -197,9 +204,9 @@ class CausalLM(GradCheckpointingMixin, nn.Module):
         self,
         tokens: Tensor,
         *,
-        key_padding_mask: Optional[Tensor] = None,
-        positions: Optional[Tensor] = None,
-        kv_caches: Optional[Sequence[KVCache]] = None,
+        key_padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        kv_caches: Sequence[KVCache] | None = None,
     ) -> Tensor:
         """Next-token logits ``(B, N, vocab_size)`` (fp32 or the parameter dtype).
 
@@ -272,9 +279,9 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, device: Any = 
 def sample_next(
     logits: Tensor,
     temperature: float = 0.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    generator: Optional[torch.Generator] = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """Pick one token per row of ``logits (B, V)``: greedy at ``temperature=0``, else sampled.
 
@@ -303,18 +310,18 @@ def sample_next(
 @torch.no_grad()
 def generate(
     model: CausalLM,
-    prompts: Union[Sequence[Sequence[int]], Tensor],
+    prompts: Sequence[Sequence[int]] | Tensor,
     max_new_tokens: int,
     *,
     temperature: float = 0.0,
-    top_k: Optional[int] = None,
-    top_p: Optional[float] = None,
-    eos_id: Optional[int] = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
     pad_id: int = 0,
-    prompt_padding: Optional[Tensor] = None,
-    generator: Optional[torch.Generator] = None,
+    prompt_padding: Tensor | None = None,
+    generator: torch.Generator | None = None,
     return_logits: bool = False,
-) -> Union[Tensor, tuple[Tensor, Tensor]]:
+) -> Tensor | tuple[Tensor, Tensor]:
     """Continue a batch of prompts with the kv-cache.
 
     Args:

@@ -27,13 +27,12 @@ each differential model's parameter count is within 0.5 % of its softmax partner
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, NamedTuple, Optional
+from typing import Any, Literal, NamedTuple
 
 import torch
-from torch import Tensor, nn
-
 from timm.layers import trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from torch import Tensor, nn
 
 from ..layers import GradCheckpointingMixin, Transformer
 from ._renamed import accept_former_names, current_names
@@ -90,7 +89,7 @@ class SpeechEncoderConfig:
     hop_length: int = 160
     n_mels: int = 40
     f_min: float = 20.0
-    f_max: Optional[float] = None
+    f_max: float | None = None
     mel_mean: float = -4.4  # measured on the synthesised keywords (train split, noise mixed in)
     mel_std: float = 3.3
     max_seconds: float = 1.0
@@ -103,17 +102,17 @@ class SpeechEncoderConfig:
     embed_dim: int = 64
     depth: int = 12
     baseline_heads: int = 1  # heads of the softmax baseline (attn="diff" runs baseline_heads / 2)
-    head_dim: Optional[int] = None
+    head_dim: int | None = None
     attn: Literal["diff", "softmax", "diff_v2"] = "diff"
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
-    lambda_init: Optional[float] = None
+    lambda_init: float | None = None
     global_pool: Literal["token", "avg"] = "token"
     drop_rate: float = 0.0
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
-    backend: Optional[str] = None
+    backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_mels % self.patch_freq:
@@ -190,7 +189,7 @@ class LogMelFrontend(nn.Module):
         )
         return spec.abs().pow(2.0)
 
-    def prepare(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def prepare(self, wave: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The waveform as ``(B, T)``, zero-padded to at least one window, and valid samples ``(B,)``.
 
         Accepts ``(B, T)``, ``(B, 1, T)`` and timm's ``(B, 1, 1, T)``; ``lengths`` defaults to the whole clip.
@@ -213,7 +212,7 @@ class LogMelFrontend(nn.Module):
         """Frames whose whole analysis window lies in ``num_samples`` (int or tensor of sample counts)."""
         return num_frames(num_samples, self.cfg.n_fft, self.cfg.hop_length)
 
-    def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def forward(self, wave: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
         wave, lengths = self.prepare(wave, lengths)
         with torch.autocast(wave.device.type, enabled=False):  # the FFT and log want fp32
             spec = (self.mel.mel_scale(self._power_spectrum(wave.float())) + 1e-6).log()  # (B, n_mels, frames)
@@ -237,7 +236,7 @@ class SpeechTransformer(GradCheckpointingMixin, nn.Module):
         config: a :class:`SpeechEncoderConfig`; keyword arguments override its fields.
     """
 
-    def __init__(self, num_classes: int = 12, in_chans: int = 1, config: Optional[SpeechEncoderConfig] = None,
+    def __init__(self, num_classes: int = 12, in_chans: int = 1, config: SpeechEncoderConfig | None = None,
                  **kwargs: Any) -> None:
         super().__init__()
         if in_chans != 1:
@@ -283,7 +282,7 @@ class SpeechTransformer(GradCheckpointingMixin, nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the classifier by a fresh one with ``num_classes`` outputs (0 removes it)."""
         if global_pool is not None:
             if global_pool not in ("token", "avg"):
@@ -322,7 +321,7 @@ class SpeechTransformer(GradCheckpointingMixin, nn.Module):
         return torch.stack([start, end], -1) / cfg.sample_rate
 
     # -- forward -------------------------------------------------------------------------------
-    def tokenize(self, wave: Tensor, lengths: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def tokenize(self, wave: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Waveform ``(B, T)`` -> tokens with positions ``(B, N, D)`` and ``padding_mask (B, N)``."""
         cfg = self.cfg
         spec, valid_frames = self.frontend(wave, lengths)  # (B, n_mels, frames), (B,)
@@ -338,7 +337,7 @@ class SpeechTransformer(GradCheckpointingMixin, nn.Module):
         padded = torch.arange(Tp, device=x.device)[None, :] >= valid_time[:, None]  # (B, T')
         return x, padded.repeat_interleave(Fp, dim=1)  # (B, N, D), (B, N)
 
-    def forward_features(self, wave: Tensor, lengths: Optional[Tensor] = None) -> SpeechFeatures:
+    def forward_features(self, wave: Tensor, lengths: Tensor | None = None) -> SpeechFeatures:
         """Waveform ``(B, T)`` (or ``(B, 1, T)``, ``(B, 1, 1, T)``) and valid samples ``lengths (B,)`` -> :class:`SpeechFeatures`."""
         x, padded = self.tokenize(wave, lengths)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
@@ -357,7 +356,7 @@ class SpeechTransformer(GradCheckpointingMixin, nn.Module):
         x = self.head_drop(self.pool(feats))
         return x if pre_logits else self.head(x)
 
-    def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
+    def forward(self, wave: Tensor, lengths: Tensor | None = None) -> Tensor:
         """Waveform ``(B, T)`` and optional valid samples ``(B,)`` -> ``(B, num_classes)`` logits."""
         return self.forward_head(self.forward_features(wave, lengths))
 
@@ -394,7 +393,7 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
             "first_conv": "patch_embed", "classifier": "head", "license": "apache-2.0", **kwargs}
 
 
-def speech_model_names(prefix: Optional[str] = None) -> list[str]:
+def speech_model_names(prefix: str | None = None) -> list[str]:
     """Registered speech model names, optionally only those starting with ``prefix`` (``"diff"``, ``"soft"``)."""
     names = [f"{p}_{size.split('_', 1)[1]}" for size in SPEECH_CONFIGS for p in _PREFIX[size.split("_", 1)[0]]]
     return [n for n in names if prefix is None or n.startswith(prefix)]

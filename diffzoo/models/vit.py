@@ -43,13 +43,12 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from timm.layers import Attention as TimmAttention
 from timm.layers import LayerNorm, register_notrace_module, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_checkpoint_filter_fn
+from torch import Tensor, nn
 
 from ..layers import DiffAttention, DiffAttentionV2, diff_heads_for_baseline, lambda_init_schedule
 from ..layers.attention import AttentionBase

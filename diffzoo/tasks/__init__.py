@@ -4,8 +4,8 @@ zero-shot and retrieval evaluation, export.
 Importing this package imports Lightning; :mod:`diffzoo` itself does not.
 """
 
-from .contrastive import ClipRunSummary, ContrastiveTask
 from .classification import ImageClassificationTask
+from .contrastive import ClipRunSummary, ContrastiveTask
 from .export import export_checkpoint, export_module, load_exported, read_metadata, save_safetensors
 from .lm import LanguageModelTask, LMRunSummary, export_lm, load_lm
 from .optim import adamw_warmup_cosine, warmup_cosine, weight_decay_groups

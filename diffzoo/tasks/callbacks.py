@@ -19,8 +19,9 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -33,7 +34,6 @@ from ..checkpoint_io import CheckpointReadError, load_torch_file
 from .export import export_module
 from .resume import ResumableLoader, replays_on_resume
 
-
 DIVERGENCE_FILE = "divergence.json"
 
 
@@ -41,8 +41,8 @@ class TrainingDiverged(RuntimeError):
     """The training loss (or gradient norm) became NaN or infinite; the run stops and exports nothing."""
 
 
-def stop_diverged(trainer: pl.Trainer, what: str, value: float, batch: Optional[int] = None,
-                  lr: Optional[float] = None) -> None:
+def stop_diverged(trainer: pl.Trainer, what: str, value: float, batch: int | None = None,
+                  lr: float | None = None) -> None:
     """Record a divergence in ``<log dir>/divergence.json`` (step, epoch, what, value) and raise
     :class:`TrainingDiverged`; the record lets a sweep tell a diverged run from a crashed one."""
     out = Path(trainer.log_dir or trainer.default_root_dir)
@@ -75,7 +75,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
     and a file that needs more is refused (:mod:`diffzoo.checkpoint_io`) instead of being unpickled.
     """
 
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         ckpt = load_torch_file(path, map_location=map_location or "cpu", what="--ckpt_path")
         if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
             raise CheckpointReadError(f"--ckpt_path {path} is not a Lightning checkpoint (no 'state_dict'); pass a "
@@ -190,7 +190,7 @@ class RunSummary(pl.Callback):
         self.summary: dict[str, Any] = {}
 
     def export_weights(
-        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, torch.Tensor]] = None
+        self, pl_module: pl.LightningModule, out: Path, state_dict: dict[str, torch.Tensor] | None = None
     ) -> dict[str, str]:
         """Write the trained weights under ``out``; returns ``{summary key: path}``. ``state_dict`` is the
         task's full state dict as the strategy gathered it (see :meth:`on_fit_end`)."""
@@ -209,7 +209,7 @@ class RunSummary(pl.Callback):
         """More ``summary.json`` entries of this kind of run."""
         return {}
 
-    def headline(self, value: Optional[float], description: Optional[str]) -> str:
+    def headline(self, value: float | None, description: str | None) -> str:
         """The first printed line: the monitored metric's value and what it measures."""
         shown = f"{100 * value:.2f} %" if value is not None else "not measured"
         return f"{self.monitor}: {shown}" + (f"  ({description})" if description else "")
@@ -287,14 +287,14 @@ class InterruptCheckpoint(Checkpoint):
         filename: the checkpoint's file name, in the checkpoint folder (or ``<log_dir>/checkpoints``).
     """
 
-    def __init__(self, resume_command: Optional[list[str]] = None, filename: str = "interrupted.ckpt") -> None:
+    def __init__(self, resume_command: list[str] | None = None, filename: str = "interrupted.ckpt") -> None:
         self.resume_command = resume_command
         self.filename = filename
-        self.received: Optional[int] = None
-        self.path: Optional[str] = None
-        self._stop_at: Optional[str] = None  # "batch" or "epoch": where the saved stop is carried out
+        self.received: int | None = None
+        self.path: str | None = None
+        self._stop_at: str | None = None  # "batch" or "epoch": where the saved stop is carried out
         self._previous_handlers: dict[int, Any] = {}
-        self._patched: Optional[Any] = None
+        self._patched: Any | None = None
         self._loader: Any = None
         self._verbose = True
 
@@ -548,10 +548,10 @@ class PredictionsCSV(BasePredictionWriter):
         path: file to write instead of the run folder's ``predictions.csv``.
     """
 
-    def __init__(self, path: Optional[str] = None) -> None:
+    def __init__(self, path: str | None = None) -> None:
         super().__init__(write_interval="epoch")
         self.path = path
-        self.written: Optional[Path] = None
+        self.written: Path | None = None
 
     def write_on_epoch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Sequence[Any], batch_indices: Any
@@ -605,7 +605,7 @@ class RunCurves(pl.Callback):
         self.steps: list[tuple[int, float]] = []
         self.epochs: list[tuple[int, dict[str, float]]] = []
         self.lambdas_start: list[float] = []
-        self.path: Optional[Path] = None
+        self.path: Path | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if not self.tensorboard or trainer.fast_dev_run or not trainer.loggers:

@@ -6,7 +6,8 @@ optional weight EMA from ``timm.utils.ModelEmaV3``, top-1/top-5 from torchmetric
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -53,8 +54,8 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         model: str = "diffvit_nano_patch7_28",
         num_classes: int = 10,
         in_chans: int = 3,
-        img_size: Optional[int] = None,
-        model_kwargs: Optional[dict[str, Any]] = None,
+        img_size: int | None = None,
+        model_kwargs: dict[str, Any] | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -64,7 +65,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
         mixup_prob: float = 1.0,
-        ema_decay: Optional[float] = None,
+        ema_decay: float | None = None,
         grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
@@ -87,7 +88,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
                 mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha, prob=mixup_prob,
                 label_smoothing=label_smoothing, num_classes=num_classes,
             )
-        self.ema: Optional[nn.Module] = None
+        self.ema: nn.Module | None = None
         if ema_decay is not None:
             from timm.utils import ModelEmaV3
 
@@ -109,7 +110,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
     #: what :meth:`on_train_epoch_end` calls the samples the data skipped
     skipped_samples = "unreadable image(s) or corrupt shard entries"
 
-    def split_batch(self, batch: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Optional[Tensor]]:
+    def split_batch(self, batch: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Tensor | None]:
         """``(model inputs, labels or None)`` of a batch; image batches are ``(images, labels)``. Tasks
         whose batches carry more (e.g. valid lengths) override this one method."""
         if isinstance(batch, Tensor):  # unlabelled images (predict)
@@ -218,7 +219,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
             out["label"] = y
         return out
 
-    def describe_metric(self, key: str, datamodule: Any = None) -> Optional[str]:
+    def describe_metric(self, key: str, datamodule: Any = None) -> str | None:
         """Words for a logged metric, e.g. ``"10-class validation top-1 on 1,000 MNIST digits"`` (the data
         part from ``datamodule``), or None for a metric without a description."""
         stage, _, name = key.partition("/")

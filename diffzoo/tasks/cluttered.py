@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import lightning.pytorch as pl
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ class VariantImageTask(ImageClassificationTask):
         patch_size: int = 8,
         num_classes: int = 10,
         in_chans: int = 1,
-        img_size: Optional[int] = 64,
+        img_size: int | None = 64,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         warmup_epochs: float = 1.0,
@@ -70,7 +70,7 @@ class VariantRunSummary(RunSummary):
     ``create_model`` arguments and the variant in their metadata."""
 
     def export_weights(
-        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+        self, pl_module: pl.LightningModule, out: Path, state_dict: dict[str, Tensor] | None = None
     ) -> dict[str, str]:
         args = {**pl_module.create_args, "variant": pl_module.hparams["attn"]}
         state = submodule_state(state_dict, "model.") if state_dict is not None else pl_module.model.state_dict()

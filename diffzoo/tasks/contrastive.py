@@ -15,8 +15,9 @@ effective batch use more devices or a larger per-device batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -74,14 +75,14 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
     def __init__(
         self,
         model: str = "DiffCLIP-nano",
-        pretrained: Optional[str] = None,
-        checkpoint: Optional[str] = None,
-        model_kwargs: Optional[dict[str, Any]] = None,
+        pretrained: str | None = None,
+        checkpoint: str | None = None,
+        model_kwargs: dict[str, Any] | None = None,
         lr: float = 5e-4,
         weight_decay: float = 0.2,
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-6,
-        warmup_steps: Optional[int] = None,
+        warmup_steps: int | None = None,
         warmup_epochs: float = 1.0,
         min_lr_ratio: float = 0.0,
         local_loss: bool = True,
@@ -102,7 +103,7 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
             self.model.set_grad_checkpointing(True)
         self.loss_fn = open_clip.ClipLoss()  # replaced in setup() when training on several devices
         self._tokenizer = None
-        self._classifier: Optional[Tensor] = None
+        self._classifier: Tensor | None = None
         self._reset_eval_state()
 
     @property
@@ -257,7 +258,7 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
             out["label"] = batch[1]
         return out
 
-    def describe_metric(self, key: str, datamodule: Any = None) -> Optional[str]:
+    def describe_metric(self, key: str, datamodule: Any = None) -> str | None:
         """Words for the zero-shot and retrieval metrics, with the data they were measured on."""
         stage, _, name = key.partition("/")
         split = "validation" if stage == "val" else "test"
@@ -311,7 +312,7 @@ class ClipRunSummary(RunSummary):
         super().__init__(export=export, monitor=monitor)
 
     def export_weights(
-        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+        self, pl_module: pl.LightningModule, out: Path, state_dict: dict[str, Tensor] | None = None
     ) -> dict[str, str]:
         weights = submodule_state(state_dict, "model.") if state_dict is not None else pl_module.model.state_dict()
         path = save_safetensors(weights, out / "model.safetensors", pl_module.hparams.get("model"),

@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from torch import Tensor, nn
 
 from ..checkpoint_io import load_torch_file
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 def _model_args(hparams: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def submodule_state(state_dict: dict[str, Tensor], prefix: str) -> dict[str, Ten
 
 
 def export_module(
-    task: nn.Module, path: PathLike, use_ema: bool = False, state_dict: Optional[dict[str, Tensor]] = None
+    task: nn.Module, path: PathLike, use_ema: bool = False, state_dict: dict[str, Tensor] | None = None
 ) -> Path:
     """Export the classifier of an :class:`ImageClassificationTask` (or its EMA copy) to safetensors.
 
@@ -71,7 +71,7 @@ def export_module(
     return save_safetensors(weights, path, task.hparams["model"], _model_args(dict(task.hparams)))
 
 
-def export_checkpoint(checkpoint: PathLike, path: Optional[PathLike] = None, use_ema: bool = False) -> Path:
+def export_checkpoint(checkpoint: PathLike, path: PathLike | None = None, use_ema: bool = False) -> Path:
     """Convert a Lightning checkpoint of :class:`ImageClassificationTask` to ``path`` (default: next to it).
 
     Args:

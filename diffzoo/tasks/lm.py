@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -46,7 +46,7 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         model: str = "lm_nano",
         attn: str = "diff",
         vocab_size: int = 256,
-        model_kwargs: Optional[dict[str, Any]] = None,
+        model_kwargs: dict[str, Any] | None = None,
         lr: float = 3e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -104,7 +104,7 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         loss = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(dim=1)
         return {"loss": loss, "accuracy": (logits.argmax(-1) == y).float().mean(dim=1)}
 
-    def describe_metric(self, key: str, datamodule: Any = None) -> Optional[str]:
+    def describe_metric(self, key: str, datamodule: Any = None) -> str | None:
         """Words for ``val/loss`` / ``test/loss`` / ``*/ppl`` including the data they were measured on."""
         stage, _, name = key.partition("/")
         if stage not in ("val", "test") or name not in ("loss", "ppl"):
@@ -124,7 +124,7 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
                                    warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio)
 
 
-def export_lm(task: LanguageModelTask, path: Any, state_dict: Optional[dict[str, Tensor]] = None) -> Path:
+def export_lm(task: LanguageModelTask, path: Any, state_dict: dict[str, Tensor] | None = None) -> Path:
     """Write the model's weights to safetensors (a tied output weight is stored once, as the embedding).
 
     ``state_dict``: the task's full state dict when its parameters are sharded (see :func:`export_module`).
@@ -174,7 +174,7 @@ class LMRunSummary(RunSummary):
         super().__init__(export=export, monitor=monitor)
 
     def export_weights(
-        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+        self, pl_module: pl.LightningModule, out: Path, state_dict: dict[str, Tensor] | None = None
     ) -> dict[str, str]:
         return {"safetensors": str(export_lm(pl_module, out / "model.safetensors", state_dict))}
 
@@ -185,6 +185,6 @@ class LMRunSummary(RunSummary):
         params = sum(p.numel() for p in pl_module.model.parameters())
         return {"attn": pl_module.hparams.get("attn"), "parameters": params}
 
-    def headline(self, value: Optional[float], description: Optional[str]) -> str:
+    def headline(self, value: float | None, description: str | None) -> str:
         shown = f"{value:.4f} (perplexity {math.exp(value):.2f})" if value is not None else "not measured"
         return f"{self.monitor}: {shown}" + (f"  ({description})" if description else "")

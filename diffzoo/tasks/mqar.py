@@ -4,7 +4,6 @@ named attention variant, trained on the query positions only, scored by exact va
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import lightning.pytorch as pl
 import torch
@@ -15,10 +14,9 @@ from torchmetrics import MeanMetric
 from ..data.mqar import IGNORE
 from ..models.lm import LMConfig
 from ..models.variants import build_lm
-from .callbacks import RunSummary
+from .callbacks import GuardedTraining, RunSummary
 from .export import save_safetensors, submodule_state
 from .lm import LanguageModelTask
-from .callbacks import GuardedTraining
 from .resume import RestoresRNG
 
 __all__ = ["MQARRunSummary", "MQARTask", "query_accuracy"]
@@ -51,7 +49,7 @@ class MQARTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         dim: int = 64,
         depth: int = 2,
         num_heads: int = 4,
-        intermediate_size: Optional[int] = None,
+        intermediate_size: int | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -123,7 +121,7 @@ class MQARRunSummary(RunSummary):
         super().__init__(export, monitor)
 
     def export_weights(
-        self, pl_module: pl.LightningModule, out: Path, state_dict: Optional[dict[str, Tensor]] = None
+        self, pl_module: pl.LightningModule, out: Path, state_dict: dict[str, Tensor] | None = None
     ) -> dict[str, str]:
         hp = pl_module.hparams
         args = {k: hp[k] for k in ("attn", "vocab_size", "dim", "depth", "num_heads", "intermediate_size")}

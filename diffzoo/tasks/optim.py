@@ -9,7 +9,8 @@ one of torch's or timm's schedulers).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import lightning.pytorch as pl
 import torch

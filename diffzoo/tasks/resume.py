@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import csv
 import random
-from collections.abc import Iterator
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset
+from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.fabric.loggers.logger import rank_zero_experiment
+from torch.utils.data import IterableDataset
 
 
 def rng_state() -> dict[str, Any]:

@@ -8,7 +8,8 @@ the model, which masks padded frames.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torch import Tensor
 
@@ -32,14 +33,14 @@ class SpeechClassificationTask(ImageClassificationTask):
         self,
         model: str = "diffkwt_nano",
         num_classes: int = 12,
-        model_kwargs: Optional[dict[str, Any]] = None,
+        model_kwargs: dict[str, Any] | None = None,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         warmup_epochs: float = 1.0,
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
-        ema_decay: Optional[float] = None,
+        ema_decay: float | None = None,
         grad_checkpointing: bool = False,
     ) -> None:
         import diffzoo.models.speech  # noqa: F401  (registers the speech models with timm)
@@ -52,11 +53,11 @@ class SpeechClassificationTask(ImageClassificationTask):
 
     skipped_samples = "unusable audio file(s)"
 
-    def split_batch(self, batch: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Optional[Tensor]]:
+    def split_batch(self, batch: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], Tensor | None]:
         """``(wave, lengths), labels`` of a ``(waveform, label, length)`` batch."""
         wave, y, lengths = batch
         return (wave, lengths), y
 
-    def forward(self, wave: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
+    def forward(self, wave: Tensor, lengths: Tensor | None = None) -> Tensor:
         """``(B, T)`` waveforms and ``(B,)`` valid samples -> ``(B, num_classes)`` logits."""
         return self.model(wave, lengths)

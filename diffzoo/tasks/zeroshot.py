@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +27,7 @@ from ..checkpoint_io import read_weights
 from ..models import clip as _clip_family  # noqa: F401  (registers diffzoo's CLIP configs with open_clip)
 from .metrics import finite_rows
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 __all__ = [
     "caption_relevance",
@@ -57,9 +58,9 @@ def check_model_name(name: str) -> None:
 
 def load_clip(
     model: str,
-    pretrained: Optional[str] = None,
-    checkpoint: Optional[PathLike] = None,
-    device: Union[str, torch.device] = "cpu",
+    pretrained: str | None = None,
+    checkpoint: PathLike | None = None,
+    device: str | torch.device = "cpu",
     **model_kwargs: Any,
 ) -> tuple[nn.Module, Callable, Callable]:
     """Build an open_clip model by name: ``(model, preprocess, tokenizer)`` with ``preprocess`` for evaluation.
@@ -85,7 +86,7 @@ def _read_weights(path: Path) -> dict[str, Any]:
     return read_weights(path, what="checkpoint")  # tensors and plain values only; never runs code from the file
 
 
-def checkpoint_model_name(path: PathLike) -> Optional[str]:
+def checkpoint_model_name(path: PathLike) -> str | None:
     """The open_clip model name stored in a diffzoo checkpoint (Lightning hparams or safetensors metadata)."""
     path = Path(path)
     if path.suffix == ".safetensors":
@@ -138,7 +139,7 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _progress(items: Iterable, enabled: bool, desc: str, total: Optional[int] = None) -> Iterable:
+def _progress(items: Iterable, enabled: bool, desc: str, total: int | None = None) -> Iterable:
     if not enabled:
         return items
     from tqdm.auto import tqdm
@@ -151,8 +152,8 @@ def zero_shot_classifier(
     model: nn.Module,
     tokenizer: Callable,
     classnames: Sequence[str],
-    templates: Sequence[Union[str, Callable]],
-    device: Union[str, torch.device] = "cpu",
+    templates: Sequence[str | Callable],
+    device: str | torch.device = "cpu",
     classes_per_batch: int = 10,
     progress: bool = False,
 ) -> Tensor:
@@ -191,8 +192,8 @@ def zero_shot_accuracy(
     classifier: Tensor,
     loader: Iterable[tuple[Tensor, Tensor]],
     ks: Sequence[int] = (1, 5),
-    device: Union[str, torch.device] = "cpu",
-    hard_negative: Optional[Tensor] = None,
+    device: str | torch.device = "cpu",
+    hard_negative: Tensor | None = None,
     precision: str = "fp32",
     progress: bool = False,
 ) -> dict[str, float]:
@@ -254,9 +255,9 @@ def caption_relevance(tokens: Tensor) -> tuple[Tensor, Tensor]:
 def retrieval_recall(
     image_features: Tensor,
     text_features: Tensor,
-    relevance: Optional[Tensor] = None,
-    text_to_image: Optional[Tensor] = None,
-    image_to_text: Optional[Tensor] = None,
+    relevance: Tensor | None = None,
+    text_to_image: Tensor | None = None,
+    image_to_text: Tensor | None = None,
     ks: Sequence[int] = (1, 5, 10),
     chunk: int = 1024,
     progress: bool = False,
@@ -316,7 +317,7 @@ def retrieval_recall(
 def encode_pairs(
     model: nn.Module,
     loader: Iterable[tuple[Tensor, Tensor]],
-    device: Union[str, torch.device] = "cpu",
+    device: str | torch.device = "cpu",
     precision: str = "fp32",
     progress: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
