@@ -55,8 +55,10 @@ __all__ = [
     "convert_timm_vit",
     "from_hf_llama",
     "interleaved_to_rotate_half",
+    "load_converted",
     "load_v1",
     "load_v2",
+    "save_converted",
     "softmax_to_v1_state",
     "softmax_to_v2_state",
     "unilm_state_dict_to_diffzoo",
@@ -568,3 +570,53 @@ def unilm_state_dict_to_diffzoo(state_dict: dict[str, Tensor], head_dim: int) ->
             key = key[: -len("subln.weight")] + "sub_norm.weight"
         out[key] = value
     return out
+
+
+# -- saved conversions -----------------------------------------------------------------------------
+def save_converted(model: nn.Module, folder: str | Any, meta: dict[str, Any]) -> None:
+    """Write ``model.safetensors`` (the state dict) and ``convert.json`` (``meta``: how to rebuild) to ``folder``."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "convert.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_converted(folder: str | Any) -> nn.Module:
+    """Rebuild a model written by :func:`save_converted` (``python -m recipes.convert``) and load its weights."""
+    import json
+    from pathlib import Path
+
+    from .checkpoint_io import read_weights
+
+    folder = Path(folder)
+    meta = json.loads((folder / "convert.json").read_text())
+    build, attn = meta["build"], meta["attn"]
+    if meta["family"] == "timm":
+        import timm
+
+        from . import models  # noqa: F401  (registers diffzoo's softvit_* with timm)
+
+        model = convert_timm_vit(timm.create_model(build["model"], **build["kwargs"]), attn, inplace=True)
+    elif meta["family"] == "open_clip":
+        import open_clip
+
+        model = open_clip.create_model(build["model"], pretrained=None, **build["kwargs"])
+        model = convert_open_clip(model, attn, inplace=True)
+    elif meta["family"] == "lm":
+        from .models.lm import CausalLM, LMConfig
+
+        model = CausalLM(LMConfig(**build["config"]))
+    else:
+        raise ValueError(f"{folder}/convert.json: unknown family {meta['family']!r}")
+    model.load_state_dict(read_weights(folder / "model.safetensors", what=str(folder)), strict=True)
+    if meta.get("lambda_init") is not None:
+        for m in model.modules():
+            if isinstance(m, DiffAttention):
+                m.lambda_init = float(meta["lambda_init"])
+    return model.eval()
