@@ -299,3 +299,26 @@ def test_lm_task_init_from_and_train_only(tmp_path: Path) -> None:
         LanguageModelTask(model="lm_tiny", attn="softmax", init_from=str(tmp_path / "c"))
     with pytest.raises(ValueError, match="train_only"):
         LanguageModelTask(model="lm_tiny", train_only="mlp")
+
+
+def test_vit_recipe_starts_from_a_converted_model_and_trains_only_attention(tmp_path: Path, monkeypatch) -> None:
+    from recipes.convert import main
+    from recipes.vit_imagenet import cli_main
+
+    from test_data_vision import make_folder  # tests/ is on sys.path
+    from test_vit_recipe import _folder_data, _write_config
+
+    monkeypatch.chdir(tmp_path)
+    arch = {"depth": 1, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2.0, "patch_size": 4}
+    main(["--from", "diffzoo:softvit_nano_patch7_28", "--out", str(tmp_path / "conv"),
+          "--model-kwargs", json.dumps({**arch, "img_size": 16, "num_classes": 3, "in_chans": 3})])
+    start = cv.load_converted(tmp_path / "conv").state_dict()
+    cfg = _write_config(tmp_path / "c.yaml", _folder_data(make_folder(tmp_path / "ds")),
+                        extra="", model="diffvit_nano_patch7_28")
+    cli = cli_main(["fit", "--config", str(cfg), "--trainer.max_steps", "2",
+                    "--model.model_kwargs", json.dumps({**arch, "attn": "diff_v2"}),
+                    "--model.init_from", str(tmp_path / "conv"), "--model.train_only", "attention"])
+    after = cli.model.model.state_dict()
+    moved = {k for k in start if not torch.equal(start[k], after[k])}
+    assert moved and all(".attn." in k for k in moved)
+    assert "head.weight" not in moved and "blocks.0.mlp.fc1.weight" not in moved
