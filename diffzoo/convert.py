@@ -496,28 +496,12 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
 
     Convert the result with :func:`convert_lm`.
     """
-    from .models.lm import CausalLM, LMConfig
+    from .models.hf_difflama import config_from_hf
+    from .models.lm import CausalLM
 
-    c = hf_model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    if head_dim != c.hidden_size // c.num_attention_heads:
-        raise ValueError(
-            f"head_dim={head_dim} differs from hidden_size / num_attention_heads; diffzoo derives it from the width"
-        )
-    if c.hidden_act != "silu":
-        raise ValueError(f"hidden_act={c.hidden_act!r}: diffzoo's SwiGLU uses silu")
-    if getattr(c, "mlp_bias", False):
+    if getattr(hf_model.config, "mlp_bias", False):
         raise ValueError("mlp_bias=True: diffzoo's SwiGLU has no biases")
-    rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ValueError(f"rope_type={rope.get('rope_type')!r}: only the default (unscaled) RoPE is supported")
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
-    config = LMConfig(
-        vocab_size=c.vocab_size, dim=c.hidden_size, depth=c.num_hidden_layers, num_heads=c.num_attention_heads,
-        num_kv_heads=c.num_key_value_heads, attn="softmax", intermediate_size=c.intermediate_size,
-        rope_base=float(theta), norm_eps=c.rms_norm_eps, tie_embeddings=bool(c.tie_word_embeddings),
-        bias=bool(c.attention_bias), max_seq_len=c.max_position_embeddings,
-    )
+    config = config_from_hf(hf_model.config, attn="softmax")
     sd = hf_model.state_dict()
     out = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
     out["output.weight"] = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
