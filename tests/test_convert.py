@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 from pathlib import Path
 
 import pytest
