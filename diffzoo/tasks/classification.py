@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from .callbacks import GuardedTraining
+from .init_from import TRAIN_ONLY, TrainsOnlyFirst, load_init_from
 from .metrics import FiniteMulticlassAccuracy
 from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
 from .resume import RestoresRNG
@@ -28,7 +29,7 @@ def _num_skipped(dataset: Any) -> int:
     return int(getattr(dataset, "num_bad", 0) or 0)
 
 
-class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
+class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.LightningModule):
     """Train a timm-registered classifier (``diffvit_*``, ``softvit_*`` or any timm model).
 
     Args:
@@ -47,6 +48,10 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         mixup_prob: probability of mixing a batch.
         ema_decay: weight EMA decay (e.g. 0.9998), or None for none; validated as ``val/top1_ema``.
         grad_checkpointing: recompute block activations in the backward pass.
+        init_from: a folder written by ``python -m recipes.convert`` to start from (the model must have
+            the converted architecture), see :mod:`diffzoo.tasks.init_from`.
+        train_only: ``"attention"`` to train only the attention layers until ``unfreeze_after``.
+        unfreeze_after: optimizer step from which every parameter trains (None: never, with ``train_only``).
     """
 
     def __init__(
@@ -67,8 +72,13 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         mixup_prob: float = 1.0,
         ema_decay: float | None = None,
         grad_checkpointing: bool = False,
+        init_from: str | None = None,
+        train_only: str | None = None,
+        unfreeze_after: int | None = None,
     ) -> None:
         super().__init__()
+        if train_only is not None and train_only not in TRAIN_ONLY:
+            raise ValueError(f"--model.train_only {train_only!r}; expected one of {list(TRAIN_ONLY)} or null")
         self.save_hyperparameters()
         import timm
 
@@ -78,6 +88,8 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         if img_size is not None:
             kwargs.setdefault("img_size", img_size)
         self.model = timm.create_model(model, num_classes=num_classes, in_chans=in_chans, **kwargs)
+        if init_from is not None:
+            load_init_from(self.model, init_from)
         if grad_checkpointing:
             self.model.set_grad_checkpointing(True)
         self.mixup = None

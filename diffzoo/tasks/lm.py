@@ -20,13 +20,14 @@ from torchmetrics import MeanMetric
 from ..models.lm import LM_PRESETS, LM_RENAMED, CausalLM, LMConfig, preset_args
 from .callbacks import GuardedTraining, RunSummary
 from .export import read_metadata, safetensors_metadata, save_safetensors, submodule_state
+from .init_from import TRAIN_ONLY, TrainsOnlyFirst, load_init_from
 from .optim import adamw_warmup_cosine, weight_decay_groups
 from .resume import RestoresRNG
 
 __all__ = ["LMRunSummary", "LanguageModelTask", "export_lm", "load_lm"]
 
 
-class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
+class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.LightningModule):
     """Train a :class:`~diffzoo.models.lm.CausalLM` on next-token prediction.
 
     Args:
@@ -39,6 +40,10 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         betas: AdamW betas.
         warmup_steps: linear warmup in optimizer steps.
         min_lr_ratio: final learning rate of the cosine relative to ``lr``.
+        init_from: a folder written by ``python -m recipes.convert`` to start from (``model``/``attn``/
+            ``model_kwargs`` must give the converted architecture), see :mod:`diffzoo.tasks.init_from`.
+        train_only: ``"attention"`` to train only the attention layers until ``unfreeze_after``.
+        unfreeze_after: optimizer step from which every parameter trains (None: never, with ``train_only``).
     """
 
     def __init__(
@@ -52,13 +57,20 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_steps: int = 50,
         min_lr_ratio: float = 0.1,
+        init_from: str | None = None,
+        train_only: str | None = None,
+        unfreeze_after: int | None = None,
     ) -> None:
         super().__init__()
+        if train_only is not None and train_only not in TRAIN_ONLY:
+            raise ValueError(f"--model.train_only {train_only!r}; expected one of {list(TRAIN_ONLY)} or null")
         self.save_hyperparameters()
         if model not in LM_PRESETS:
             raise ValueError(f"unknown model preset {model!r}; choose one of {sorted(LM_PRESETS)}")
         self.config = LMConfig(**preset_args(model, **{"vocab_size": vocab_size, "attn": attn, **(model_kwargs or {})}))
         self.model = CausalLM(self.config)
+        if init_from is not None:
+            load_init_from(self.model, init_from)
         self.val_loss = MeanMetric()
 
     def forward(self, tokens: Tensor, **kwargs: Any) -> Tensor:

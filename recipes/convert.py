@@ -1,0 +1,169 @@
+"""Convert a pretrained softmax model to differential attention: ``python -m recipes.convert``.
+
+    python -m recipes.convert --from timm:vit_tiny_patch16_224 --weights vit_tiny.safetensors --attn diff_v2 --out DIR
+    python -m recipes.convert --from open_clip:ViT-B-32 --weights open_clip_model.safetensors --out DIR
+    python -m recipes.convert --from hf:path/to/llama_dir --attn diff_v2 --out DIR
+    python -m recipes.convert --from diffzoo:softvit_nano_patch7_28 --weights outputs/.../model.safetensors --out DIR
+    python -m recipes.convert --from diffzoo:lm_nano --weights outputs/lm/.../model.safetensors --attn diff --out DIR
+
+Writes ``DIR/model.safetensors`` and ``DIR/convert.json`` (how to rebuild: :func:`diffzoo.convert.load_converted`;
+recipes start from it with ``--model.init_from DIR``). Without ``--weights`` the source is the library's
+randomly initialised model (nothing is downloaded); ``--pretrained [TAG]`` uses timm's or open_clip's local
+cache. The conversion is checked on a random batch and the largest output difference is printed and stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from recipes._cli import one_line_errors
+
+
+def _state_dict(path: str) -> dict[str, torch.Tensor]:
+    from diffzoo.checkpoint_io import read_weights
+
+    sd = read_weights(path, what="--weights")
+    if isinstance(sd, dict):
+        sd = sd.get("state_dict", sd.get("model", sd))
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"--weights {path} holds no state dict of tensors")
+    for prefix in ("model.", "module."):
+        if sd and all(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+def _load_strict(model: nn.Module, sd: dict[str, torch.Tensor], path: str) -> None:
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"--weights {path} does not fit the source model ({len(missing)} missing, e.g. {missing[:2]}; "
+            f"{len(unexpected)} unexpected, e.g. {unexpected[:2]}); check --from and --model-kwargs"
+        )
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    if isinstance(a, (tuple, list)):
+        return max(_max_diff(x, y) for x, y in zip(a, b) if isinstance(x, torch.Tensor))
+    if isinstance(a, dict):
+        return max(_max_diff(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    return float((a.float() - b.float()).abs().max())
+
+
+def convert(args: argparse.Namespace) -> dict[str, Any]:
+    """Run one conversion; returns the written ``convert.json`` content."""
+    from diffzoo import convert as cv
+
+    family, _, name = args.source.partition(":")
+    kwargs = json.loads(args.model_kwargs) if args.model_kwargs else {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"--model-kwargs {args.model_kwargs!r} must be a JSON object")
+    torch.manual_seed(args.seed)
+    meta: dict[str, Any] = {"format": "diffzoo.convert", "version": 1, "source": args.source, "attn": args.attn,
+                            "lambda_init": args.lambda_init if args.attn == "diff" else None}
+    if args.weights and family == "hf":
+        raise ValueError("--weights does not apply to hf: sources; the folder holds the weights")
+    if family in ("timm", "diffzoo") and not name.startswith("lm_"):
+        import timm
+
+        import diffzoo.models  # noqa: F401
+
+        if family == "diffzoo" and not name.startswith("softvit_"):
+            raise ValueError(f"--from diffzoo:{name}: expected a softvit_* model or an lm_* preset")
+        model = timm.create_model(name, pretrained=bool(args.pretrained), **kwargs)
+        if args.weights:
+            from diffzoo.models.vit import checkpoint_filter_fn
+
+            _load_strict(model, checkpoint_filter_fn(_state_dict(args.weights), model), args.weights)
+        model.eval()
+        c, h, w = model.pretrained_cfg.get("input_size", (3, 224, 224))
+        if "img_size" in kwargs:
+            h = w = int(kwargs["img_size"])
+        if "in_chans" in kwargs:
+            c = int(kwargs["in_chans"])
+        x = torch.randn(args.calib_batch, c, h, w)
+        out = cv.convert_timm_vit(model, args.attn, lambda_init=args.lambda_init, calibration=x, seed=args.seed).eval()
+        run = lambda m: m(x)  # noqa: E731
+        meta.update(family="timm", build={"model": name, "kwargs": kwargs})
+        diff_name = name.replace("softvit_", "diffvit_", 1) if name.startswith("softvit_") else None
+        meta["rebuild_hint"] = (
+            f"--model.model {diff_name} --model.model_kwargs '{{attn: {args.attn}}}'" if diff_name
+            else f"{name} with its attention converted (diffzoo.convert.load_converted)"
+        )
+    elif family == "open_clip":
+        import open_clip
+
+        pretrained = args.pretrained if isinstance(args.pretrained, str) else None
+        model = open_clip.create_model(name, pretrained=pretrained, **kwargs)
+        if args.weights:
+            _load_strict(model, _state_dict(args.weights), args.weights)
+        model.eval()
+        size = model.visual.image_size
+        size = size if isinstance(size, (tuple, list)) else (size, size)
+        img = torch.randn(args.calib_batch, 3, *size)
+        txt = torch.randint(0, model.vocab_size, (args.calib_batch, model.context_length))
+        run = lambda m: m(img, txt)  # noqa: E731
+        out = cv.convert_open_clip(model, args.attn, lambda_init=args.lambda_init, calibration=run, seed=args.seed).eval()
+        meta.update(family="open_clip", build={"model": name, "kwargs": kwargs},
+                    rebuild_hint="the open_clip model with converted attention (diffzoo.convert.load_converted)")
+    elif family in ("hf", "diffzoo"):
+        if family == "hf":
+            from transformers import LlamaForCausalLM
+
+            if not os.path.isdir(name):
+                raise FileNotFoundError(f"--from hf:{name}: not a local folder (save_pretrained output)")
+            source = LlamaForCausalLM.from_pretrained(name, local_files_only=True, torch_dtype=torch.float32).eval()
+            model = cv.from_hf_llama(source).eval()
+        else:
+            from diffzoo.models.lm import CausalLM
+
+            model = CausalLM.from_preset(name, **{**kwargs, "attn": "softmax"})
+            if args.weights:
+                _load_strict(model, _state_dict(args.weights), args.weights)
+            model.eval()
+        tokens = torch.randint(0, model.config.vocab_size, (args.calib_batch, 64))
+        run = lambda m: m(tokens)  # noqa: E731
+        out = cv.convert_lm(model, args.attn, lambda_init=args.lambda_init, calibration=tokens, seed=args.seed).eval()
+        config = {k: v for k, v in vars(out.config).items()}
+        meta.update(family="lm", build={"config": config},
+                    rebuild_hint=f"--model.attn {args.attn} --model.model_kwargs '{json.dumps(config)}'")
+    else:
+        raise ValueError(f"--from {args.source!r}: expected timm:NAME, open_clip:NAME, hf:DIR or diffzoo:NAME")
+    with torch.no_grad():
+        meta["check"] = {"max_abs_diff": _max_diff(run(model), run(out)), "inputs": "random batch"}
+    cv.save_converted(out, args.out, meta)
+    return meta
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse ``argv`` (default ``sys.argv[1:]``), convert, write ``--out``."""
+    p = argparse.ArgumentParser(prog="python -m recipes.convert", description=__doc__.split("\n")[0])
+    p.add_argument("--from", dest="source", required=True, help="timm:NAME, open_clip:NAME, hf:DIR or diffzoo:NAME")
+    p.add_argument("--weights", help="local weight file of the source (safetensors or a weights-only torch file)")
+    p.add_argument("--pretrained", nargs="?", const=True, default=False,
+                   help="use timm's / open_clip's locally cached pretrained weights (open_clip: the TAG)")
+    p.add_argument("--attn", default="diff_v2", choices=["diff_v2", "diff"])
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--lambda-init", type=float, default=0.0, help="constant lambda_init of --attn diff")
+    p.add_argument("--calib-batch", type=int, default=8, help="random calibration/check batch size")
+    p.add_argument("--model-kwargs", help="JSON object of extra model arguments, e.g. '{\"img_size\": 32}'")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    with one_line_errors(p.prog):
+        if args.pretrained:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        meta = convert(args)
+    print(f"{args.source} -> {args.attn}: max |output difference| on a random batch = {meta['check']['max_abs_diff']:.3g}; "
+          f"wrote {args.out}/model.safetensors and convert.json", file=sys.stdout)
+    return meta
+
+
+if __name__ == "__main__":
+    main()
