@@ -149,15 +149,10 @@ def convert_diffclip_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, T
     return out
 
 
-def _load_file(path: Path, map_location: Any, weights_only: bool) -> Mapping[str, Any]:
-    from ..checkpoint_io import UnsafeCheckpointError, read_weights
+def _load_file(path: Path, map_location: Any) -> Mapping[str, Any]:
+    from ..checkpoint_io import read_weights
 
-    if not weights_only:  # the caller vouches for the file
-        return torch.load(path, map_location=map_location, weights_only=False)
-    try:
-        return read_weights(path, map_location=map_location)
-    except UnsafeCheckpointError as e:
-        raise UnsafeCheckpointError(f"{e}; or, only for a file you trust, pass weights_only=False") from None
+    return read_weights(path, map_location=map_location)  # tensors and plain values only; anything else refused
 
 
 def load_converted(model: nn.Module, converted: Mapping[str, Tensor], strict: bool = True) -> tuple[list[str], list[str]]:
@@ -198,7 +193,6 @@ def load_diffclip_checkpoint(
     model: nn.Module | None = None,
     strict: bool = True,
     map_location: str | torch.device = "cpu",
-    weights_only: bool = True,
     **overrides: Any,
 ):
     """Load a published DiffCLIP checkpoint into a diffzoo CLIP.
@@ -210,7 +204,6 @@ def load_diffclip_checkpoint(
         model: load into this model instead of building one.
         strict: raise on missing or unexpected keys (shape mismatches always raise).
         map_location: where ``torch.load`` puts the tensors.
-        weights_only: ``torch.load``'s safe mode; pass False only for files you trust.
         overrides: config overrides for :func:`diffzoo.models.clip.create_clip`.
 
     Returns:
@@ -219,7 +212,7 @@ def load_diffclip_checkpoint(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    converted = convert_diffclip_state_dict(_load_file(path, map_location, weights_only))
+    converted = convert_diffclip_state_dict(_load_file(path, map_location))
     if model is None:
         from .clip import create_clip
 
