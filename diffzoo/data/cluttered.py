@@ -27,20 +27,37 @@ SPLIT_SEED = 0
 EVAL_SEEDS = (10_001, 10_002)
 
 
-def compose(digits: Tensor, target: int, k: int, canvas: int, fragment: int, g: torch.Generator) -> Tensor:
-    """One ``(canvas, canvas)`` uint8 image: ``digits[target]`` whole plus ``k`` crops of other digits."""
+def _offsets(limit: int, align: int, g: torch.Generator) -> list[int]:
+    """Two random offsets in ``0 .. limit`` that are multiples of ``align`` (``align = 1``: any pixel)."""
+    return [int(v) * align for v in torch.randint(limit // align + 1, (2,), generator=g)]
+
+
+def compose(digits: Tensor, target: int, k: int, canvas: int, fragment: int, g: torch.Generator,
+            align: int = 1) -> Tensor:
+    """One ``(canvas, canvas)`` uint8 image: ``digits[target]`` whole plus ``k`` crops of other digits.
+
+    With ``align > 1`` the digit, the fragments and the crops inside the source digits all sit at multiples
+    of ``align`` pixels: with ``align`` equal to the ViT's patch size, the digit covers whole patches and
+    every fragment patch is a patch of some other digit, so the fragments are made of the same kind of
+    tokens as the target.
+    """
     n, h, w = digits.shape
     if canvas < max(h, w) or not 1 <= fragment <= min(h, w):
         raise ValueError(f"canvas={canvas} must hold a {h}x{w} digit and fragment={fragment} must be 1..{min(h, w)}")
+    if align < 1 or (align > 1 and (canvas % align or h % align or w % align or fragment % align)):
+        raise ValueError(f"align={align} must be 1 or divide the canvas ({canvas}), the digit ({h}) and the "
+                         f"fragment ({fragment})")
     img = torch.zeros(canvas, canvas, dtype=torch.uint8)
-    y, x = torch.randint(canvas - h + 1, (2,), generator=g).tolist()
+    y, x = _offsets(canvas - h, align, g)
     img[y:y + h, x:x + w] = digits[target]
     for _ in range(k):
         src = int(torch.randint(n - 1, (1,), generator=g))
         src += int(src >= target)  # any digit but the target
-        # crops centred in the digit's middle 20x20 so that a fragment holds ink
-        cy, cx = torch.randint(4, h - 4 - fragment + 1, (2,), generator=g).tolist() if fragment <= h - 8 else (0, 0)
-        py, px = torch.randint(canvas - fragment + 1, (2,), generator=g).tolist()
+        if align > 1:
+            cy, cx = _offsets(h - fragment, align, g)
+        else:  # crops centred in the digit's middle 20x20 so that a fragment holds ink
+            cy, cx = torch.randint(4, h - 4 - fragment + 1, (2,), generator=g).tolist() if fragment <= h - 8 else (0, 0)
+        py, px = _offsets(canvas - fragment, align, g)
         patch = digits[src, cy:cy + fragment, cx:cx + fragment]
         region = img[py:py + fragment, px:px + fragment]
         torch.maximum(region, patch, out=region)
@@ -54,8 +71,10 @@ def _normalise(img: Tensor) -> Tensor:
 class ClutteredDigits(Dataset):
     """Training images composed on the fly: item ``i`` of epoch ``e`` is drawn from seed ``(seed, e, i)``."""
 
-    def __init__(self, digits: Tensor, labels: Tensor, k: int, canvas: int, fragment: int, seed: int = 0) -> None:
+    def __init__(self, digits: Tensor, labels: Tensor, k: int, canvas: int, fragment: int, seed: int = 0,
+                 align: int = 1) -> None:
         self.digits, self.labels, self.k, self.canvas, self.fragment, self.seed = digits, labels, k, canvas, fragment, seed
+        self.align = align
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -66,13 +85,15 @@ class ClutteredDigits(Dataset):
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 100_003 + i)
-        return _normalise(compose(self.digits, i, self.k, self.canvas, self.fragment, g)), self.labels[i]
+        img = compose(self.digits, i, self.k, self.canvas, self.fragment, g, self.align)
+        return _normalise(img), self.labels[i]
 
 
-def fixed_set(digits: Tensor, labels: Tensor, k: int, canvas: int, fragment: int, seed: int) -> TensorDataset:
+def fixed_set(digits: Tensor, labels: Tensor, k: int, canvas: int, fragment: int, seed: int,
+              align: int = 1) -> TensorDataset:
     """Every digit of a split composed once with a fixed seed (validation / test images)."""
     g = torch.Generator().manual_seed(seed)
-    images = torch.stack([_normalise(compose(digits, i, k, canvas, fragment, g)) for i in range(len(labels))])
+    images = torch.stack([_normalise(compose(digits, i, k, canvas, fragment, g, align)) for i in range(len(labels))])
     return TensorDataset(images, labels)
 
 
@@ -86,6 +107,8 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
         num_val, num_test: digits held out for validation (model selection) and test (reported).
         batch_size, num_workers: loader settings.
         seed: seed of the training compositions (the split and the held-out images are fixed).
+        align: positions snap to multiples of this many pixels (set it to the patch size so that the digit and the
+            fragments cover whole patches; 1: any pixel).
         limit_train: use only the first ``limit_train`` training digits (None: all; smoke runs).
     """
 
@@ -93,13 +116,14 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
     in_chans = 1
 
     def __init__(self, k: int = 4, canvas: int = 64, fragment: int = 12, num_val: int = 500, num_test: int = 1000,
-                 batch_size: int = 64, num_workers: int = 0, seed: int = 0, limit_train: int | None = None) -> None:
+                 batch_size: int = 64, num_workers: int = 0, seed: int = 0, limit_train: int | None = None,
+                 align: int = 1) -> None:
         super().__init__()
         if k < 0:
             raise ValueError(f"k={k} distractor fragments must be >= 0")
         if canvas < 28:
             raise ValueError(f"canvas={canvas} must be >= 28 to hold a whole digit")
-        self.k, self.canvas, self.fragment = k, canvas, fragment
+        self.k, self.canvas, self.fragment, self.align = k, canvas, fragment, align
         self.img_size = canvas
         self.num_val, self.num_test = num_val, num_test
         self.batch_size, self.num_workers, self.seed, self.limit_train = batch_size, num_workers, seed, limit_train
@@ -116,9 +140,11 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
         val, test = perm[:self.num_val], perm[self.num_val:self.num_val + self.num_test]
         train = perm[self.num_val + self.num_test:][:self.limit_train]
-        self.train_set = ClutteredDigits(images[train], labels[train], self.k, self.canvas, self.fragment, self.seed)
+        self.train_set = ClutteredDigits(images[train], labels[train], self.k, self.canvas, self.fragment, self.seed,
+                                         self.align)
         for name, idx, seed in (("val", val, EVAL_SEEDS[0]), ("test", test, EVAL_SEEDS[1])):
-            self.eval_sets[name] = fixed_set(images[idx], labels[idx], self.k, self.canvas, self.fragment, seed)
+            self.eval_sets[name] = fixed_set(images[idx], labels[idx], self.k, self.canvas, self.fragment, seed,
+                                             self.align)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,

@@ -56,6 +56,8 @@ class VariantImageTask(ImageClassificationTask):
         x, y = batch[0], batch[1]
         logits = self(x)
         split, metric = ("val", self.val_top1) if dataloader_idx == 0 else ("test", self.test_top1)
+        if dataloader_idx == 0 or self.trainer.testing:  # val/evaluated counts the validation loader only
+            self.count_evaluated(len(y))
         metric(logits, y)
         self.log(f"{split}/loss", F.cross_entropy(logits.float(), y), on_epoch=True, batch_size=len(x),
                  add_dataloader_idx=False)
