@@ -1,8 +1,8 @@
 """Multi-query associative recall with distractors: ``python -m recipes.mqar``.
 
 With no arguments, trains a 2-block width-64 causal LM with differential attention on MQAR sequences
-generated on the fly (``configs/mqar.yaml``: 4 key-value pairs, 4 queries, no filler, 1000 steps of batch 256), reports the
-exact-value accuracy on the query positions of a fixed validation set (``val/acc``, used to pick
+generated on the fly (``configs/mqar.yaml``: 4 key-value pairs, 4 queries, no filler, 1000 steps of batch
+256), reports the exact-value accuracy on the query positions of a fixed validation set (``val/acc``, used to pick
 settings) and of a fixed test set (``test/acc``); chance is ``1 / value_vocab`` (1/64).
 
     python -m recipes.mqar                                        # configs/mqar.yaml
