@@ -154,6 +154,37 @@ def test_cluttered_compose_keeps_the_target_and_adds_fragments():
     assert noisy.shape == (64, 64)
 
 
+def test_cluttered_align_puts_digit_and_fragments_on_the_patch_grid():
+    from diffzoo.data.cluttered import compose
+
+    digits = torch.zeros(3, 28, 28, dtype=torch.uint8)
+    digits[0] = 200
+    digits[1:] = 255
+    for seed in range(20):
+        img = compose(digits, 0, 0, 56, 14, torch.Generator().manual_seed(seed), align=7)
+        ys, xs = torch.nonzero(img == 200, as_tuple=True)
+        assert int(ys.min()) % 7 == 0 and int(xs.min()) % 7 == 0 and len(ys) == 28 * 28
+        noisy = compose(digits, 0, 5, 56, 14, torch.Generator().manual_seed(seed), align=7)
+        # every 7x7 cell is all one source: nothing straddles the grid
+        cells = noisy.reshape(8, 7, 8, 7).permute(0, 2, 1, 3).reshape(64, 49)
+        assert bool((cells == cells[:, :1]).all())
+    with pytest.raises(ValueError, match="align=5 must be 1 or divide"):
+        compose(digits, 0, 1, 56, 14, torch.Generator(), align=5)
+
+
+def test_cluttered_shuffled_labels_change_training_labels_only():
+    from diffzoo.data.cluttered import ClutteredDigitsDataModule
+
+    plain = ClutteredDigitsDataModule(num_val=50, num_test=50, limit_train=400)
+    shuffled = ClutteredDigitsDataModule(num_val=50, num_test=50, limit_train=400, shuffle_labels=True)
+    plain.setup()
+    shuffled.setup()
+    a, b = plain.train_set.labels, shuffled.train_set.labels
+    assert sorted(a.tolist()) == sorted(b.tolist()) and float((a == b).float().mean()) < 0.3
+    for name in ("val", "test"):
+        assert torch.equal(plain.eval_sets[name].tensors[1], shuffled.eval_sets[name].tensors[1])
+
+
 # -- monitor ---------------------------------------------------------------------------------------
 def test_grad_norm_monitor_stops_a_diverging_run(tmp_path):
     import lightning.pytorch as pl

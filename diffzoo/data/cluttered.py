@@ -110,6 +110,8 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
         align: positions snap to multiples of this many pixels (set it to the patch size so that the digit and the
             fragments cover whole patches; 1: any pixel).
         limit_train: use only the first ``limit_train`` training digits (None: all; smoke runs).
+        shuffle_labels: permute the training labels once (from ``seed``), a control: validation and test keep
+            their true labels, so a model trained this way measures the metric's floor.
     """
 
     num_classes = 10
@@ -117,13 +119,14 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
 
     def __init__(self, k: int = 4, canvas: int = 64, fragment: int = 12, num_val: int = 500, num_test: int = 1000,
                  batch_size: int = 64, num_workers: int = 0, seed: int = 0, limit_train: int | None = None,
-                 align: int = 1) -> None:
+                 align: int = 1, shuffle_labels: bool = False) -> None:
         super().__init__()
         if k < 0:
             raise ValueError(f"k={k} distractor fragments must be >= 0")
         if canvas < 28:
             raise ValueError(f"canvas={canvas} must be >= 28 to hold a whole digit")
         self.k, self.canvas, self.fragment, self.align = k, canvas, fragment, align
+        self.shuffle_labels = shuffle_labels
         self.img_size = canvas
         self.num_val, self.num_test = num_val, num_test
         self.batch_size, self.num_workers, self.seed, self.limit_train = batch_size, num_workers, seed, limit_train
@@ -140,7 +143,10 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
         val, test = perm[:self.num_val], perm[self.num_val:self.num_val + self.num_test]
         train = perm[self.num_val + self.num_test:][:self.limit_train]
-        self.train_set = ClutteredDigits(images[train], labels[train], self.k, self.canvas, self.fragment, self.seed,
+        train_labels = labels[train]
+        if self.shuffle_labels:
+            train_labels = train_labels[torch.randperm(len(train), generator=torch.Generator().manual_seed(self.seed))]
+        self.train_set = ClutteredDigits(images[train], train_labels, self.k, self.canvas, self.fragment, self.seed,
                                          self.align)
         for name, idx, seed in (("val", val, EVAL_SEEDS[0]), ("test", test, EVAL_SEEDS[1])):
             self.eval_sets[name] = fixed_set(images[idx], labels[idx], self.k, self.canvas, self.fragment, seed,
