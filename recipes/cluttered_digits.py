@@ -1,15 +1,16 @@
 """Cluttered digits: ``python -m recipes.cluttered_digits``.
 
-With no arguments, trains a differential nano ViT (``diffvit_nano_patch7_28`` at 64x64 with 8x8 patches,
-64 patches) to name the whole MNIST digit on a 64x64 canvas among ``k = 4`` fragments of other digits
-(``configs/cluttered_digits.yaml``; data from :mod:`diffzoo.data.cluttered`, no download). Reports top-1
+With no arguments, trains a differential nano ViT (``diffvit_nano_patch7_28`` at 42x42 with 7x7 patches,
+36 patches) to name the whole MNIST digit on a 42x42 canvas among ``k = 4`` 14x14 fragments of other digits,
+everything on the patch grid (``configs/cluttered_digits.yaml``; data from :mod:`diffzoo.data.cluttered`, no
+download). Reports top-1
 on fixed validation (``val/top1``, used to pick settings) and test (``test/top1``) images; chance is 10 %.
 
     python -m recipes.cluttered_digits                                # configs/cluttered_digits.yaml
     python -m recipes.cluttered_digits --model.attn softmax           # any variant: softmax, softmax_wide, diff,
                                                                       # diff_nonorm, diff_const, diff_v2, diff_v2_matched
     python -m recipes.cluttered_digits --data.k 12                    # more distractor fragments
-    python -m recipes.cluttered_digits --data.canvas 128              # 256 patches
+    python -m recipes.cluttered_digits --data.canvas 84               # 144 patches
     python -m recipes.cluttered_digits --quick                        # a few steps (smoke test)
 
 The knob is swept per variant by ``python -m recipes.sweep --family cluttered --knob data.k ...``.

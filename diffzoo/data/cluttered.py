@@ -102,7 +102,7 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
 
     Args:
         k: distractor fragments per image (the noise knob).
-        canvas: canvas side in pixels (64: 64 patches of 8 x 8; 128 with patch 8: 256 patches).
+        canvas: canvas side in pixels (42 with 7 x 7 patches: 36 patches; 84: 144 patches).
         fragment: side of a distractor fragment in pixels.
         num_val, num_test: digits held out for validation (model selection) and test (reported).
         batch_size, num_workers: loader settings.
