@@ -420,6 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
     results_path = out / "results.json"
     results = _load(results_path)
     cache: dict[str, dict] = {} if args.fresh else dict(results.get("runs", {}))
+    same_extra = results.get("extra", []) == list(extra)
     results.update(family=args.family, recipe=family.recipe, extra=list(extra), quick=args.quick)
 
     def save() -> None:
@@ -447,6 +448,8 @@ def main(argv: list[str] | None = None) -> dict:
                 p.error(f"no best lr of {v} in {results_path}; run the sweep first or give one value to --lrs")
         jobs = [(v, lrs[v], 100 + s, (args.knob, str(x))) for x in args.values for v in variants
                 for s in range(args.final_seeds)]
+        if same_extra:
+            reuse_final_runs(jobs, cache, config_value(family.config, args.knob))
         runs = run_all(jobs, family, out, args.quick, extra, args.jobs, cache, save)
         metric = family.test_metric or family.val_metric
         rows = comparison_rows(family, runs, reference, metric, group=lambda r: r["knob"][1])
@@ -483,6 +486,33 @@ def main(argv: list[str] | None = None) -> dict:
     print("\n\n".join(texts))
     print(f"\n({results['seconds']:.0f} s wall; everything in {results_path})")
     return results
+
+
+def config_value(config: Path, key: str) -> str | None:
+    """The value of a dotted ``key`` (``data.k``) in a recipe's YAML config, as a string; None if absent."""
+    import yaml
+
+    node: Any = yaml.safe_load(config.read_text())
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part, node.get("init_args", {}).get(part) if "init_args" in node else None)
+    return None if node is None or isinstance(node, dict) else str(node)
+
+
+def reuse_final_runs(jobs: list[tuple], cache: dict[str, dict], default: str | None) -> int:
+    """Knob jobs whose value is the config's default are the final runs of the sweep (same variant, lr,
+    seed and arguments): copy those records under the knob's run name instead of training again."""
+    reused = 0
+    for variant, lr, seed, knob in jobs:
+        name, plain = run_name(variant, lr, seed, knob), run_name(variant, lr, seed)
+        if default is None or knob[1] != default or name in cache or plain not in cache:
+            continue
+        cache[name] = {**cache[plain], "name": name, "knob": list(knob), "reused_from": plain}
+        reused += 1
+    if reused:
+        print(f"{reused} run(s) at the default {jobs[0][3][0]}={default} are the sweep's final runs: reused", flush=True)
+    return reused
 
 
 def grid_text(family: Family, best: dict, lrs: Sequence[float], digits: int) -> str:

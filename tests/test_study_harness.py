@@ -276,9 +276,11 @@ def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
     knob = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--knob", "data.num_pairs",
                        "--values", "4", "8", "--final-seeds", "2", "--out", str(out)])
     assert knob["knob_result"]["lrs"] == {"softmax": 3e-3, "diff": 1e-3}  # taken from the sweep above
-    assert len(calls) == 8 and {c[5] for c in calls} == {False}
+    # num_pairs 4 is the config's default: those cells are the final runs (seeds 100, 101), not trained again
+    assert len(calls) == 4 and {c[5] for c in calls} == {False} and {c[-1][1] for c in calls} == {"8"}
     rows = knob["knob_result"]["rows"]
     assert [r["group"] for r in rows] == ["4", "4", "8", "8"]
+    assert rows[0]["values"] == pytest.approx(soft["values"][:2]) and rows[1]["values"] == pytest.approx(diff["values"][:2])
     assert sum(1 for r in rows if "vs" in r) == 2 and "2 comparison(s)" in (out / "knob.md").read_text()
     assert (out / "knob.png").stat().st_size > 1000
 
