@@ -573,7 +573,8 @@ def save_converted(model: nn.Module, folder: str | Any, meta: dict[str, Any]) ->
 
 
 def load_converted(folder: str | Any) -> nn.Module:
-    """Rebuild a model written by :func:`save_converted` (``python -m recipes.convert``) and load its weights."""
+    """Rebuild a model written by :func:`save_converted` (``python -m recipes.convert``) and load its weights
+    (``attn`` ``"softmax"``: the source model, written unchanged by ``--attn softmax``)."""
     import json
     from pathlib import Path
 
@@ -587,12 +588,15 @@ def load_converted(folder: str | Any) -> nn.Module:
 
         from . import models  # noqa: F401  (registers diffzoo's softvit_* with timm)
 
-        model = convert_timm_vit(timm.create_model(build["model"], **build["kwargs"]), attn, inplace=True)
+        model = timm.create_model(build["model"], **build["kwargs"])
+        if attn != "softmax":  # "softmax": the source written unchanged
+            model = convert_timm_vit(model, attn, inplace=True)
     elif meta["family"] == "open_clip":
         import open_clip
 
         model = open_clip.create_model(build["model"], pretrained=None, **build["kwargs"])
-        model = convert_open_clip(model, attn, inplace=True)
+        if attn != "softmax":
+            model = convert_open_clip(model, attn, inplace=True)
     elif meta["family"] == "lm":
         from .models.lm import CausalLM, LMConfig
 

@@ -5,19 +5,24 @@
     python -m recipes.convert --from hf:path/to/llama_dir --attn diff_v2 --out DIR
     python -m recipes.convert --from diffzoo:softvit_nano_patch7_28 --weights outputs/.../model.safetensors --out DIR
     python -m recipes.convert --from diffzoo:lm_nano --weights outputs/lm/.../model.safetensors --attn diff --out DIR
+    python -m recipes.convert --from diffzoo:lm --model-kwargs '{"vocab_size": 128, "dim": 64, "depth": 2, "num_heads": 4}' \
+        --weights outputs/mqar/.../model.safetensors --out DIR        # any LMConfig shape, e.g. an MQAR run's
 
 Writes ``DIR/model.safetensors`` and ``DIR/convert.json`` (how to rebuild: :func:`diffzoo.convert.load_converted`;
 recipes start from it with ``--model.init_from DIR``). Without ``--weights`` the source is the library's
 randomly initialised model (nothing is downloaded); ``--pretrained [TAG]`` uses timm's or open_clip's local
 cache. The conversion is checked on a random batch and the largest output difference is printed and stored.
+``--attn softmax`` writes the source unchanged in the same format (the control arm of a fine-tuning comparison).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,6 +47,9 @@ def _state_dict(path: str) -> dict[str, torch.Tensor]:
 
 def _load_strict(model: nn.Module, sd: dict[str, torch.Tensor], path: str) -> None:
     missing, unexpected = model.load_state_dict(sd, strict=False)
+    # a tied parameter stored once (the LM's output weight is its token embedding) is loaded through its twin
+    params = dict(model.named_parameters(remove_duplicate=False))
+    missing = [k for k in missing if not (k in params and any(params.get(j) is params[k] for j in sd))]
     if missing or unexpected:
         raise ValueError(
             f"--weights {path} does not fit the source model ({len(missing)} missing, e.g. {missing[:2]}; "
@@ -57,6 +65,17 @@ def _max_diff(a: Any, b: Any) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
+def _keep_or(attn: str, model: nn.Module, convert: Callable[[], nn.Module]) -> nn.Module:
+    """``--attn softmax``: a copy of the source (nothing converted); otherwise ``convert()``."""
+    return copy.deepcopy(model) if attn == "softmax" else convert()
+
+
+def _lm_shape(config: Any) -> str:
+    """The ``recipes.mqar`` flags that build an LM of ``config``'s shape."""
+    return (f"--model.dim {config.dim} --model.depth {config.depth} --model.num_heads {config.baseline_heads} "
+            f"--model.intermediate_size {config.intermediate_size}")
+
+
 def convert(args: argparse.Namespace) -> dict[str, Any]:
     """Run one conversion; returns the written ``convert.json`` content."""
     from diffzoo import convert as cv
@@ -70,13 +89,14 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
                             "lambda_init": args.lambda_init if args.attn == "diff" else None}
     if args.weights and family == "hf":
         raise ValueError("--weights does not apply to hf: sources; the folder holds the weights")
-    if family in ("timm", "diffzoo") and not name.startswith("lm_"):
+    lm_source = family == "diffzoo" and (name == "lm" or name.startswith("lm_"))
+    if family in ("timm", "diffzoo") and not lm_source:
         import timm
 
         import diffzoo.models  # noqa: F401
 
         if family == "diffzoo" and not name.startswith("softvit_"):
-            raise ValueError(f"--from diffzoo:{name}: expected a softvit_* model or an lm_* preset")
+            raise ValueError(f"--from diffzoo:{name}: expected a softvit_* model, an lm_* preset or lm")
         model = timm.create_model(name, pretrained=bool(args.pretrained), **kwargs)
         if args.weights:
             from diffzoo.models.vit import checkpoint_filter_fn
@@ -89,14 +109,18 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
         if "in_chans" in kwargs:
             c = int(kwargs["in_chans"])
         x = torch.randn(args.calib_batch, c, h, w)
-        out = cv.convert_timm_vit(model, args.attn, lambda_init=args.lambda_init, calibration=x, seed=args.seed).eval()
+        out = _keep_or(args.attn, model, lambda: cv.convert_timm_vit(
+            model, args.attn, lambda_init=args.lambda_init, calibration=x, seed=args.seed)).eval()
         run = lambda m: m(x)  # noqa: E731
         meta.update(family="timm", build={"model": name, "kwargs": kwargs})
         diff_name = name.replace("softvit_", "diffvit_", 1) if name.startswith("softvit_") else None
-        meta["rebuild_hint"] = (
-            f"--model.model {diff_name} --model.model_kwargs '{{attn: {args.attn}}}'" if diff_name
-            else f"{name} with its attention converted (diffzoo.convert.load_converted)"
-        )
+        if args.attn == "softmax":
+            meta["rebuild_hint"] = f"--model.model {name}" if diff_name else f"{name} (diffzoo.convert.load_converted)"
+        else:
+            meta["rebuild_hint"] = (
+                f"--model.model {diff_name} --model.model_kwargs '{{attn: {args.attn}}}'" if diff_name
+                else f"{name} with its attention converted (diffzoo.convert.load_converted)"
+            )
     elif family == "open_clip":
         import open_clip
 
@@ -110,9 +134,11 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
         img = torch.randn(args.calib_batch, 3, *size)
         txt = torch.randint(0, model.vocab_size, (args.calib_batch, model.context_length))
         run = lambda m: m(img, txt)  # noqa: E731
-        out = cv.convert_open_clip(model, args.attn, lambda_init=args.lambda_init, calibration=run, seed=args.seed).eval()
+        out = _keep_or(args.attn, model, lambda: cv.convert_open_clip(
+            model, args.attn, lambda_init=args.lambda_init, calibration=run, seed=args.seed)).eval()
+        converted = "" if args.attn == "softmax" else " with converted attention"
         meta.update(family="open_clip", build={"model": name, "kwargs": kwargs},
-                    rebuild_hint="the open_clip model with converted attention (diffzoo.convert.load_converted)")
+                    rebuild_hint=f"the open_clip model{converted} (diffzoo.convert.load_converted)")
     elif family in ("hf", "diffzoo"):
         if family == "hf":
             from transformers import LlamaForCausalLM
@@ -122,18 +148,23 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
             source = LlamaForCausalLM.from_pretrained(name, local_files_only=True, torch_dtype=torch.float32).eval()
             model = cv.from_hf_llama(source).eval()
         else:
-            from diffzoo.models.lm import CausalLM
+            from diffzoo.models.lm import CausalLM, LMConfig
 
-            model = CausalLM.from_preset(name, **{**kwargs, "attn": "softmax"})
+            if name == "lm":  # no preset: LMConfig's defaults and --model-kwargs
+                model = CausalLM(LMConfig(**{**kwargs, "attn": "softmax"}))
+            else:
+                model = CausalLM.from_preset(name, **{**kwargs, "attn": "softmax"})
             if args.weights:
                 _load_strict(model, _state_dict(args.weights), args.weights)
             model.eval()
         tokens = torch.randint(0, model.config.vocab_size, (args.calib_batch, 64))
         run = lambda m: m(tokens)  # noqa: E731
-        out = cv.convert_lm(model, args.attn, lambda_init=args.lambda_init, calibration=tokens, seed=args.seed).eval()
+        out = _keep_or(args.attn, model, lambda: cv.convert_lm(
+            model, args.attn, lambda_init=args.lambda_init, calibration=tokens, seed=args.seed)).eval()
         config = {k: v for k, v in vars(out.config).items()}
         meta.update(family="lm", build={"config": config},
-                    rebuild_hint=f"--model.attn {args.attn} --model.model_kwargs '{json.dumps(config)}'")
+                    rebuild_hint=f"--model.attn {args.attn} and the source's shape (recipes.lm: --model.model_kwargs "
+                                 f"'{json.dumps(config)}'; recipes.mqar: {_lm_shape(out.config)})")
     else:
         raise ValueError(f"--from {args.source!r}: expected timm:NAME, open_clip:NAME, hf:DIR or diffzoo:NAME")
     with torch.no_grad():
@@ -149,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--weights", help="local weight file of the source (safetensors or a weights-only torch file)")
     p.add_argument("--pretrained", nargs="?", const=True, default=False,
                    help="use timm's / open_clip's locally cached pretrained weights (open_clip: the TAG)")
-    p.add_argument("--attn", default="diff_v2", choices=["diff_v2", "diff"])
+    p.add_argument("--attn", default="diff_v2", choices=["diff_v2", "diff", "softmax"],
+                   help="diff_v2 (exact), diff (V1, calibrated start) or softmax (the source unchanged)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--lambda-init", type=float, default=0.0, help="constant lambda_init of --attn diff")
     p.add_argument("--calib-batch", type=int, default=8, help="random calibration/check batch size")

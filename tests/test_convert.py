@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import diffzoo  # noqa: F401  (registers the ViTs with timm)
 from diffzoo import convert as cv
 from diffzoo.layers import Attention, DiffAttention, DiffAttentionV2
-from diffzoo.models.lm import CausalLM
+from diffzoo.models.lm import CausalLM, LMConfig
 
 TOL = 1e-5
 
@@ -323,3 +323,53 @@ def test_vit_recipe_starts_from_a_converted_model_and_trains_only_attention(tmp_
     moved = {k for k in start if not torch.equal(start[k], after[k])}
     assert moved and all(".attn." in k for k in moved)
     assert "head.weight" not in moved and "blocks.0.mlp.fc1.weight" not in moved
+
+
+def test_cli_converts_a_tied_lm_export_of_any_shape(tmp_path: Path) -> None:
+    """``--from diffzoo:lm`` builds ``LMConfig(**model_kwargs)``; an export that stores the tied output weight
+    once (``export_lm``, the MQAR recipe) loads; ``--attn softmax`` writes the source unchanged."""
+    from safetensors.torch import save_file
+
+    from recipes.convert import main
+
+    torch.manual_seed(0)
+    shape = {"vocab_size": 40, "dim": 32, "depth": 2, "num_heads": 4}  # num_heads: the former name is accepted
+    soft = CausalLM(LMConfig(**shape, attn="softmax")).eval()
+    state = {k: v for k, v in soft.state_dict().items() if k != "output.weight"}  # tied: stored once
+    save_file(state, str(tmp_path / "soft.safetensors"))
+    tokens = torch.randint(0, 40, (2, 12))
+    for attn in ("diff_v2", "diff", "softmax"):
+        meta = main(["--from", "diffzoo:lm", "--model-kwargs", json.dumps(shape), "--weights",
+                     str(tmp_path / "soft.safetensors"), "--attn", attn, "--out", str(tmp_path / attn)])
+        rebuilt = cv.load_converted(tmp_path / attn)
+        assert rebuilt.config.attn == attn and rebuilt.config.dim == 32 and "recipes.mqar" in meta["rebuild_hint"]
+        with torch.no_grad():
+            gap = (rebuilt(tokens) - soft(tokens)).abs().max()
+        assert (gap <= TOL) if attn != "diff" else (gap > TOL)
+        assert meta["check"]["max_abs_diff"] <= TOL or attn == "diff"
+    assert meta["check"]["max_abs_diff"] == 0 and meta["lambda_init"] is None  # softmax: a copy
+    save_file({k: v for k, v in state.items() if k != "norm.weight"}, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(SystemExit, match="1 missing"):  # a weight that is really missing is still refused
+        main(["--from", "diffzoo:lm", "--model-kwargs", json.dumps(shape), "--weights",
+              str(tmp_path / "bad.safetensors"), "--out", str(tmp_path / "bad")])
+
+
+def test_init_from_a_wrong_architecture_is_one_line(tmp_path: Path) -> None:
+    from diffzoo.tasks.init_from import load_init_from
+    from recipes.convert import main
+
+    main(["--from", "diffzoo:lm_tiny", "--attn", "diff_v2", "--out", str(tmp_path / "v2")])
+    for wrong in (CausalLM.from_preset("lm_tiny", attn="diff"), CausalLM.from_preset("lm_tiny", attn="diff_v2", dim=128)):
+        with pytest.raises(ValueError, match=r"^--model\.init_from .*build --model\.attn diff_v2"):
+            load_init_from(wrong, tmp_path / "v2")
+
+
+def test_cli_softmax_writes_the_vit_source_unchanged(tmp_path: Path) -> None:
+    from recipes.convert import main
+
+    arch = {"depth": 1, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2.0, "img_size": 16, "patch_size": 4}
+    meta = main(["--from", "diffzoo:softvit_nano_patch7_28", "--attn", "softmax", "--model-kwargs", json.dumps(arch),
+                 "--out", str(tmp_path / "same")])
+    assert meta["check"]["max_abs_diff"] == 0 and meta["rebuild_hint"] == "--model.model softvit_nano_patch7_28"
+    rebuilt = cv.load_converted(tmp_path / "same")
+    assert not any(isinstance(m, (DiffAttention, DiffAttentionV2)) for m in rebuilt.modules())

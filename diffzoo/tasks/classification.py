@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from .callbacks import GuardedTraining
-from .init_from import TRAIN_ONLY, TrainsOnlyFirst, load_init_from
+from .init_from import TrainsOnlyFirst, check_train_only, load_init_from
 from .metrics import FiniteMulticlassAccuracy
 from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
 from .resume import RestoresRNG
@@ -77,8 +77,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
         unfreeze_after: int | None = None,
     ) -> None:
         super().__init__()
-        if train_only is not None and train_only not in TRAIN_ONLY:
-            raise ValueError(f"--model.train_only {train_only!r}; expected one of {list(TRAIN_ONLY)} or null")
+        check_train_only(train_only)
         self.save_hyperparameters()
         import timm
 

@@ -18,9 +18,15 @@ from torch import nn
 from ..layers.attention import AttentionBase
 from ..layers.diff_attention import DiffAttention
 
-__all__ = ["TRAIN_ONLY", "TrainsOnlyFirst", "load_init_from", "set_trainable"]
+__all__ = ["TRAIN_ONLY", "TrainsOnlyFirst", "check_train_only", "load_init_from", "set_trainable"]
 
 TRAIN_ONLY = ("attention",)
+
+
+def check_train_only(train_only: str | None) -> None:
+    """Raise a one-line ``ValueError`` unless ``train_only`` is None or one of :data:`TRAIN_ONLY`."""
+    if train_only is not None and train_only not in TRAIN_ONLY:
+        raise ValueError(f"--model.train_only {train_only!r}; expected one of {list(TRAIN_ONLY)} or null")
 
 
 def load_init_from(model: nn.Module, path: str | Path) -> dict[str, Any]:
@@ -45,18 +51,20 @@ def load_init_from(model: nn.Module, path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ValueError(f"--model.init_from {folder}: convert.json is not valid JSON ({e.msg})") from None
     state = read_weights(weights_path, what="--model.init_from")
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    # checked before loading: torch raises a multi-line RuntimeError on a shape mismatch even with strict=False
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing, unexpected = [k for k in shapes if k not in state], [k for k in state if k not in shapes]
+    hint = meta.get("rebuild_hint", "the architecture the weights were converted to")
     if missing or unexpected:
-        hint = meta.get("rebuild_hint", "the architecture the weights were converted to")
         raise ValueError(
             f"--model.init_from {folder}: the weights do not fit this model ({len(missing)} missing, e.g. "
             f"{missing[:2]}; {len(unexpected)} unexpected, e.g. {unexpected[:2]}); build {hint}"
         )
-    shapes = {k: v.shape for k, v in model.state_dict().items()}
-    bad = [k for k, v in state.items() if tuple(shapes[k]) != tuple(v.shape)]
+    bad = [k for k, v in state.items() if tuple(v.shape) != shapes[k]]
     if bad:
         raise ValueError(f"--model.init_from {folder}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
-                         f"the model's is {tuple(shapes[bad[0]])}")
+                         f"the model's is {shapes[bad[0]]}; build {hint}")
+    model.load_state_dict(state, strict=True)
     if meta.get("lambda_init") is not None:
         for m in model.modules():
             if isinstance(m, DiffAttention):
@@ -81,8 +89,7 @@ def set_trainable(model: nn.Module, train_only: str | None) -> int:
         for p in model.parameters():
             p.requires_grad_(True)
         return sum(1 for _ in model.parameters())
-    if train_only not in TRAIN_ONLY:
-        raise ValueError(f"--model.train_only {train_only!r}; expected one of {list(TRAIN_ONLY)} or null")
+    check_train_only(train_only)
     keep = {id(p) for m in model.modules() if _is_attention(m) for p in m.parameters()}
     if not keep:
         raise ValueError("--model.train_only attention: the model has no attention layer")

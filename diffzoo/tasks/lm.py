@@ -20,7 +20,7 @@ from torchmetrics import MeanMetric
 from ..models.lm import LM_PRESETS, LM_RENAMED, CausalLM, LMConfig, preset_args
 from .callbacks import GuardedTraining, RunSummary
 from .export import read_metadata, safetensors_metadata, save_safetensors, submodule_state
-from .init_from import TRAIN_ONLY, TrainsOnlyFirst, load_init_from
+from .init_from import TrainsOnlyFirst, check_train_only, load_init_from
 from .optim import adamw_warmup_cosine, weight_decay_groups
 from .resume import RestoresRNG
 
@@ -62,8 +62,7 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
         unfreeze_after: int | None = None,
     ) -> None:
         super().__init__()
-        if train_only is not None and train_only not in TRAIN_ONLY:
-            raise ValueError(f"--model.train_only {train_only!r}; expected one of {list(TRAIN_ONLY)} or null")
+        check_train_only(train_only)
         self.save_hyperparameters()
         if model not in LM_PRESETS:
             raise ValueError(f"unknown model preset {model!r}; choose one of {sorted(LM_PRESETS)}")

@@ -16,6 +16,7 @@ from ..models.lm import LMConfig
 from ..models.variants import build_lm
 from .callbacks import GuardedTraining, RunSummary
 from .export import save_safetensors, submodule_state
+from .init_from import TrainsOnlyFirst, check_train_only, load_init_from
 from .lm import LanguageModelTask
 from .resume import RestoresRNG
 
@@ -29,7 +30,7 @@ def query_accuracy(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     return correct.sum(), mask.sum()
 
 
-class MQARTask(GuardedTraining, RestoresRNG, pl.LightningModule):
+class MQARTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.LightningModule):
     """Train a causal LM on MQAR (:mod:`diffzoo.data.mqar`).
 
     Args:
@@ -40,6 +41,10 @@ class MQARTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         lr: peak AdamW learning rate; weight_decay: on matrices only.
         warmup_steps: linear warmup in optimizer steps; min_lr_ratio: end of the cosine.
         max_seq_len: the RoPE/cache length bound of the model (>= the sequence length).
+        init_from: a folder written by ``python -m recipes.convert`` to start from (``attn`` and the shape
+            must give the converted architecture), see :mod:`diffzoo.tasks.init_from`.
+        train_only: ``"attention"`` to train only the attention layers until ``unfreeze_after``.
+        unfreeze_after: optimizer step from which every parameter trains (None: never, with ``train_only``).
     """
 
     def __init__(
@@ -56,12 +61,18 @@ class MQARTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         warmup_steps: int = 50,
         min_lr_ratio: float = 0.1,
         max_seq_len: int = 2048,
+        init_from: str | None = None,
+        train_only: str | None = None,
+        unfreeze_after: int | None = None,
     ) -> None:
         super().__init__()
+        check_train_only(train_only)
         self.save_hyperparameters()
         self.config = LMConfig(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
                                intermediate_size=intermediate_size, max_seq_len=max_seq_len, attn="softmax")
         self.model = build_lm(attn, self.config)
+        if init_from is not None:
+            load_init_from(self.model, init_from)
         self.val_loss = torch.nn.ModuleList([MeanMetric(), MeanMetric()])
         self._counts = torch.zeros(2, 2, dtype=torch.long)  # (val, test) x (correct, total)
 
