@@ -357,15 +357,23 @@ def score_untrained(family: Family, out: Path, variant: str, seed: int, quick: b
         latest_log_dir(folder / name) / "metrics.csv")}
 
 
+_NOT_SCORES = ("loss", "evaluated", "skipped")  # logged values that are not scores in [0, 1]
+
+
 def chance_rows(family: Family, scored: list[dict]) -> list[dict]:
-    """Per variant and metric: mean, sd, min, max over the random initialisations."""
+    """Per variant and metric (the family's selection and test metrics, then every other score logged
+    under ``val/`` or ``test/``): mean, sd, min, max over the random initialisations."""
     rows = []
-    keys = [k for k in (family.val_metric, family.test_metric) if k]
+    keys = {k: (k, family.scale) for k in (family.val_metric, family.test_metric) if k}
+    # every other score the validation logs (zero-shot, retrieval, colour-swap ...), as a percentage
+    for k in sorted({k for s in scored for k in s["metrics"]}):
+        if k.startswith(("val/", "test/")) and k not in keys and not any(w in k for w in _NOT_SCORES):
+            keys[k] = (f"{k} (%)", 100.0)
     for variant in dict.fromkeys(s["variant"] for s in scored):
-        for key in keys:
-            vals = [family.scale * s["metrics"][key] for s in scored if s["variant"] == variant and key in s["metrics"]]
+        for key, (label, scale) in keys.items():
+            vals = [scale * s["metrics"][key] for s in scored if s["variant"] == variant and key in s["metrics"]]
             if vals:
-                rows.append({"variant": variant, "metric": key, "n": len(vals), "mean": statistics.mean(vals),
+                rows.append({"variant": variant, "metric": label, "n": len(vals), "mean": statistics.mean(vals),
                              "sd": statistics.stdev(vals) if len(vals) > 1 else float("nan"),
                              "min": min(vals), "max": max(vals)})
     return rows

@@ -307,3 +307,16 @@ def test_sweep_quick_end_to_end(tmp_path):
     assert len(res["final"]["runs"]) == 4 and (out / "curves.png").is_file()
     chance = sweep.main(["--family", "mqar", "--variants", "softmax", "--chance", "2", "--quick", "--out", str(out)])
     assert {r["metric"] for r in chance["chance"]["rows"]} == {"val/acc", "test/acc"}
+
+
+def test_chance_rows_report_every_logged_score_but_not_losses_or_counts():
+    from recipes import sweep
+
+    family = sweep.FAMILIES["clip"]
+    scored = [{"variant": "softmax", "seed": s, "metrics": {
+        "val/zs_top1": 0.1 + s / 100, "val/zs_pair": 0.7 + s / 10, "val/loss": 4.0, "val/evaluated": 300.0,
+        "val/skipped": 0.0, "train/loss": 9.0}} for s in range(3)]
+    rows = {r["metric"]: r for r in sweep.chance_rows(family, scored)}
+    assert set(rows) == {"val/zs_top1", "val/zs_pair (%)"}
+    assert rows["val/zs_pair (%)"]["mean"] == pytest.approx(80.0) and rows["val/zs_pair (%)"]["n"] == 3
+    assert (rows["val/zs_top1"]["min"], rows["val/zs_top1"]["max"]) == pytest.approx((10.0, 12.0))
