@@ -277,6 +277,43 @@ def _comparisons_note(rows: list[dict]) -> str:
             f"those {n}. CI: Welch's 95 % interval of the difference of means.")
 
 
+# Each ablation compared with the variant it changes (variant, its parent, what the pair isolates).
+ABLATIONS: tuple[tuple[str, str, str], ...] = (
+    ("softmax_wide", "softmax", "fewer, wider heads (H/2 of width 2d)"),
+    ("diff", "softmax_wide", "the difference of two maps, at the same head count and width"),
+    ("diff_nonorm", "diff", "V1 without the per-head norm and the (1 - lambda_init) scale"),
+    ("diff_const", "diff", "constant lambda_init 0.8 instead of the depth schedule"),
+    ("diff_v2_matched", "softmax", "V2 with the softmax parameter count"),
+)
+
+
+def ablation_rows(family: Family, runs: list[dict], metric: str) -> list[dict]:
+    """One row per pair of :data:`ABLATIONS` whose two variants are both in ``runs``: the variant against
+    its parent with :func:`diffzoo.stats.compare`, Holm-adjusted over the rows."""
+    rows = []
+    for variant, parent, what in ABLATIONS:
+        a, b = ([family.scale * metric_value(r, metric) for r in runs if r["variant"] == v] for v in (variant, parent))
+        a, b = [x for x in a if math.isfinite(x)], [x for x in b if math.isfinite(x)]
+        if a and b:
+            rows.append({"variant": variant, "parent": parent, "what": what, "vs": compare(a, b).as_dict()})
+    for r, p in zip(rows, holm([r["vs"]["p_perm"] for r in rows])):
+        r["p_holm"] = p
+    return rows
+
+
+def ablation_table(rows: list[dict], digits: int) -> str:
+    """Markdown: each ablation's difference to its parent with the statistics of :func:`stats_table`."""
+    lines = ["| variant | against | what it isolates | variant mean ± sd | parent mean ± sd | diff [95 % CI] | "
+             "p Welch | p perm | p Holm |", "|" + "---|" * 9]
+    for r in rows:
+        c = r["vs"]
+        lines.append(f"| {r['variant']} | {r['parent']} | {r['what']} | {_f(c['mean_a'], digits)} ± {_f(c['sd_a'], digits)}"
+                     f" (n={c['n_a']}) | {_f(c['mean_b'], digits)} ± {_f(c['sd_b'], digits)} (n={c['n_b']}) | "
+                     f"{c['diff']:+.{digits}f} [{_f(c['ci_low'], digits)}, {_f(c['ci_high'], digits)}] | "
+                     f"{_p(c['p_welch'])} | {_p(c['p_perm'])} | {_p(r.get('p_holm'))} |")
+    return "\n".join(lines)
+
+
 # -- plots ---------------------------------------------------------------------------------------
 def _mean_curve(runs: list[dict], key: str, scale: float = 1.0) -> tuple[list[int], list[float]]:
     curves = [r["curves"].get(key) or [] for r in runs]
@@ -485,6 +522,11 @@ def main(argv: list[str] | None = None) -> dict:
                  + ("" if family.test_metric else ", validation: this task has no test split")
                  + f", seeds 100-{99 + args.final_seeds})\n\n" + stats_table(rows, reference, digits) + "\n\n"
                  + _comparisons_note(rows))
+        ablations = ablation_rows(family, final, metric)
+        if ablations:
+            results["final"]["ablations"] = ablations
+            text += (f"\n\n## Ablations: each variant against the one it changes ({metric})\n\n"
+                     + ablation_table(ablations, digits) + "\n\n" + _comparisons_note(ablations))
         text += "\n\n" + divergence_text(grid + final)
         plot_curves(family, final, out / "curves.png")
         (out / "sweep.md").write_text(text + "\n")

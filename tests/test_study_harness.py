@@ -320,3 +320,21 @@ def test_chance_rows_report_every_logged_score_but_not_losses_or_counts():
     assert set(rows) == {"val/zs_top1", "val/zs_pair (%)"}
     assert rows["val/zs_pair (%)"]["mean"] == pytest.approx(80.0) and rows["val/zs_pair (%)"]["n"] == 3
     assert (rows["val/zs_top1"]["min"], rows["val/zs_top1"]["max"]) == pytest.approx((10.0, 12.0))
+
+
+def test_ablation_rows_compare_each_variant_with_its_parent():
+    from recipes import sweep
+
+    family = sweep.FAMILIES["cluttered"]
+    values = {"softmax": [0.50, 0.52, 0.54], "softmax_wide": [0.48, 0.49, 0.50], "diff": [0.40, 0.41, 0.42],
+              "diff_const": [0.40, 0.41, 0.43]}
+    runs = [{"variant": v, "summary": {"metrics": {"test/top1": x}}} for v, xs in values.items() for x in xs]
+    rows = {r["variant"]: r for r in sweep.ablation_rows(family, runs, "test/top1")}
+    # pairs whose variants both ran, each against its own parent (diff_nonorm and diff_v2_matched absent)
+    assert {v: r["parent"] for v, r in rows.items()} == {"softmax_wide": "softmax", "diff": "softmax_wide",
+                                                        "diff_const": "diff"}
+    assert rows["diff"]["vs"]["diff"] == pytest.approx(100 * (0.41 - 0.49))
+    assert rows["diff"]["vs"]["p_perm"] == pytest.approx(0.1)  # 3 vs 3, fully separated
+    assert rows["diff"]["p_holm"] == pytest.approx(min(1.0, 3 * 0.1))  # smallest of 3 p-values, Holm x3
+    table = sweep.ablation_table(list(rows.values()), 2)
+    assert table.count("\n") == 4 and "| diff | softmax_wide |" in table
