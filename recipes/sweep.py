@@ -213,6 +213,13 @@ def best_lrs(family: Family, grid: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _add_holm(rows: list[dict]) -> None:
+    """Set ``p_holm`` on every row holding a comparison (``vs``): its permutation p, Holm-adjusted over them."""
+    compared = [r for r in rows if "vs" in r]
+    for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
+        r["p_holm"] = p
+
+
 def comparison_rows(family: Family, runs: list[dict], reference: str, metric: str,
                     group: Callable[[dict], Any] = lambda r: None) -> list[dict]:
     """One row per (group, variant): mean, sd, n of ``metric``; for variants other than ``reference``
@@ -233,9 +240,7 @@ def comparison_rows(family: Family, runs: list[dict], reference: str, metric: st
             if v != reference and vals and ref:
                 row["vs"] = compare(vals, ref).as_dict()
             rows.append(row)
-    compared = [r for r in rows if "vs" in r]
-    for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
-        r["p_holm"] = p
+    _add_holm(rows)
     return rows
 
 
@@ -292,12 +297,11 @@ def ablation_rows(family: Family, runs: list[dict], metric: str) -> list[dict]:
     its parent with :func:`diffzoo.stats.compare`, Holm-adjusted over the rows."""
     rows = []
     for variant, parent, what in ABLATIONS:
-        a, b = ([family.scale * metric_value(r, metric) for r in runs if r["variant"] == v] for v in (variant, parent))
-        a, b = [x for x in a if math.isfinite(x)], [x for x in b if math.isfinite(x)]
+        a, b = ([x for r in runs if r["variant"] == v if math.isfinite(x := family.scale * metric_value(r, metric))]
+                for v in (variant, parent))
         if a and b:
             rows.append({"variant": variant, "parent": parent, "what": what, "vs": compare(a, b).as_dict()})
-    for r, p in zip(rows, holm([r["vs"]["p_perm"] for r in rows])):
-        r["p_holm"] = p
+    _add_holm(rows)
     return rows
 
 
