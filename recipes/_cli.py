@@ -5,6 +5,7 @@ the run callbacks (best + last checkpoints, summary, progress lines, predictions
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -53,6 +55,37 @@ class ChecksCkptPath:
             from diffzoo.checkpoint_io import check_checkpoint_file
 
             check_checkpoint_file(path, what="--ckpt_path")
+
+
+class TestAfterFit:
+    """LightningCLI mixin: ``--test_after_fit`` scores the data's test split with the final weights once ``fit``
+    ends and adds the test metrics to the run's ``summary.json``. Data without a test split of its own
+    (no ``test_dataloader``, or ``has_test_split`` false) is skipped. ``test_after_fit_default`` sets the
+    flag's default."""
+
+    test_after_fit_default = True
+
+    def add_test_after_fit(self, parser: Any) -> None:
+        parser.add_argument("--test_after_fit", type=bool, default=self.test_after_fit_default,
+                            help="score the test split with the final weights after fit (added to summary.json)")
+
+    def after_fit(self) -> None:
+        trainer, data = self.trainer, self.datamodule
+        if not self.config["fit"].get("test_after_fit", self.test_after_fit_default):
+            return
+        if trainer.interrupted or trainer.fast_dev_run:
+            return
+        if type(data).test_dataloader is pl.LightningDataModule.test_dataloader:
+            return  # the data has no test split
+        if not getattr(data, "has_test_split", True):
+            return  # its test loader would score the validation data again
+        results = trainer.test(self.model, datamodule=data, verbose=False)
+        if trainer.is_global_zero and results:
+            path = Path(trainer.log_dir) / "summary.json"
+            summary = json.loads(path.read_text()) if path.is_file() else {}
+            summary.setdefault("metrics", {}).update({k: float(v) for k, v in results[0].items()})
+            path.write_text(json.dumps(summary, indent=2))
+            print(f"test/top1: {100 * results[0].get('test/top1', float('nan')):.2f} %", flush=True)
 
 
 @contextmanager

@@ -18,7 +18,6 @@ Without a subcommand ``fit`` is run; without ``--config`` the synthesised-keywor
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -26,33 +25,19 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks.callbacks import RunSummary
 from diffzoo.tasks.speech import SpeechClassificationTask
-from recipes._cli import add_run_callbacks, launch
+from recipes._cli import TestAfterFit, add_run_callbacks, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "speech_synth.yaml"
 
 
-class SpeechCLI(LightningCLI):
+class SpeechCLI(TestAfterFit, LightningCLI):
     """LightningCLI linking the class count to the model, with checkpoints, a run summary and a final test."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         add_run_callbacks(parser, RunSummary, monitor="val/top1", mode="max")
-        parser.add_argument("--test_after_fit", type=bool, default=True,
-                            help="score the test split with the final weights after fit (added to summary.json)")
-
-    def after_fit(self) -> None:
-        if not self.config["fit"].get("test_after_fit", True) or self.trainer.interrupted or self.trainer.fast_dev_run:
-            return
-        if type(self.datamodule).test_dataloader is pl.LightningDataModule.test_dataloader:
-            return  # the data has no test split
-        results = self.trainer.test(self.model, datamodule=self.datamodule, verbose=False)
-        if self.trainer.is_global_zero and results:
-            path = Path(self.trainer.log_dir) / "summary.json"
-            summary = json.loads(path.read_text()) if path.is_file() else {}
-            summary.setdefault("metrics", {}).update({k: float(v) for k, v in results[0].items()})
-            path.write_text(json.dumps(summary, indent=2))
-            print(f"test/top1: {100 * results[0].get('test/top1', float('nan')):.2f} %", flush=True)
+        self.add_test_after_fit(parser)
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> SpeechCLI:

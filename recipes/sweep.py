@@ -68,6 +68,7 @@ class Family:
     default_variants: tuple[str, ...] = ("softmax", "diff")
     knobs: tuple[str, ...] = ()
     chance: float | None = None  # the metric of uniform guessing, when it is known in closed form
+    base_args: tuple[str, ...] = ()  # recipe arguments every run of the family gets, before the variant's
 
 
 def _attn_variants(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -94,7 +95,9 @@ FAMILIES: dict[str, Family] = {
     "vit": Family(
         "recipes.vit_imagenet", {"softmax": ("--model.model", "softvit_nano_patch7_28"),
                                  "diff": ("--model.model", "diffvit_nano_patch7_28")},
-        "val/top1", None, "top-1 %, embedded digits", CONFIGS / "vit_digits.yaml", _data_seed, _LIMITS),
+        "val/top1", "test/top1", "top-1 %, embedded digits (1,000 held out for test)", CONFIGS / "vit_digits.yaml",
+        _data_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), chance=0.1,
+        base_args=("--data.init_args.num_test", "1000")),
     "clip": Family(
         "recipes.clip", {"softmax": ("--model.model", "SoftCLIP-nano"), "diff": ("--model.model", "DiffCLIP-nano")},
         "val/zs_top1", None, "zero-shot top-1 %, coloured digits", CONFIGS / "clip_digits.yaml", _data_seed, _LIMITS),
@@ -146,8 +149,8 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
               knob: tuple[str, str] | None = None) -> dict:
     """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health."""
     name = run_name(variant, lr, seed, knob)
-    args = [*family.variants[variant], "--model.lr", _lr_tag(lr), *family.seed_args(seed), *family.monitor_args,
-            *(family.quick if quick else ()), *(("--" + knob[0], knob[1]) if knob else ()), *extra]
+    args = [*family.base_args, *family.variants[variant], "--model.lr", _lr_tag(lr), *family.seed_args(seed),
+            *family.monitor_args, *(family.quick if quick else ()), *(("--" + knob[0], knob[1]) if knob else ()), *extra]
     runs = out / "runs"
     record: dict[str, Any] = {"name": name, "variant": variant, "lr": lr, "seed": seed,
                               "knob": list(knob) if knob else None}
@@ -391,7 +394,8 @@ def score_untrained(family: Family, out: Path, variant: str, seed: int, quick: b
     folder = out / "chance"
     limits = ("--trainer.limit_val_batches", "2") if quick else ()
     cmd = recipe_command(family.recipe, folder, name, [
-        "--config", str(family.config), *family.variants[variant], *family.seed_args(seed), *limits, *extra])
+        "--config", str(family.config), *family.base_args, *family.variants[variant], *family.seed_args(seed),
+        *limits, *extra])
     cmd.insert(3, "validate")  # python -m <recipe> validate --config ...
     seconds = train(cmd, folder / f"{name}.log")
     return {"variant": variant, "seed": seed, "seconds": seconds, "metrics": _last_logged(

@@ -12,7 +12,9 @@ checkpoints and ``model.safetensors`` under ``outputs/vit_imagenet/version_N/``.
     python -m recipes.vit_imagenet --print_config
     python -m recipes.vit_imagenet validate --config ... --ckpt_path ...
 
-Without a subcommand ``fit`` is run; without ``--config`` the embedded-digits config is used.
+Without a subcommand ``fit`` is run; without ``--config`` the embedded-digits config is used. When the data
+has a test split of its own (``--data.init_args.num_test 1000`` on the digits; ImageNet folders have none),
+training ends by scoring it (``test/top1`` in ``summary.json``); ``--test_after_fit false`` skips that.
 Reload exported weights with ``diffzoo.tasks.load_exported(path)`` or
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), ...)``.
 """
@@ -26,20 +28,22 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.tasks import ImageClassificationTask
 from diffzoo.tasks.callbacks import RunSummary
-from recipes._cli import add_run_callbacks, launch
+from recipes._cli import TestAfterFit, add_run_callbacks, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "vit_digits.yaml"
 
 
-class VitCLI(LightningCLI):
-    """LightningCLI with the data's shape linked to the model and checkpoint/summary callbacks always on."""
+class VitCLI(TestAfterFit, LightningCLI):
+    """LightningCLI with the data's shape linked to the model, checkpoint/summary callbacks always on, and a
+    final test when the data has a test split of its own."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_chans", "model.in_chans", apply_on="instantiate")
         parser.link_arguments("data.img_size", "model.img_size", apply_on="instantiate")
         add_run_callbacks(parser, RunSummary, monitor="val/top1", mode="max")
+        self.add_test_after_fit(parser)
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> VitCLI:

@@ -92,6 +92,27 @@ def test_digits_datamodule_split_and_epoch_order() -> None:
     assert len(e0) == 6
 
 
+def test_digits_test_split_is_disjoint_and_leaves_validation_alone() -> None:
+    plain = DigitsDataModule(num_val=100, limit=400)
+    held = DigitsDataModule(num_val=100, num_test=50, limit=400)
+    plain.setup("fit")
+    held.setup("fit")
+    assert not plain.has_test_split and held.has_test_split
+    assert torch.equal(plain.val_set.tensors[0], held.val_set.tensors[0])  # validation digits unchanged
+    assert len(held.train_set) == 250 and len(held.test_set) == 50
+    rows = {tuple(t.flatten().tolist()) for t in plain.train_set.tensors[0]}
+    train = {tuple(t.flatten().tolist()) for t in held.train_set.tensors[0]}
+    test = {tuple(t.flatten().tolist()) for t in held.test_set.tensors[0]}
+    val = {tuple(t.flatten().tolist()) for t in held.val_set.tensors[0]}
+    assert train | test == rows and not train & test and not test & val  # carved out of the training digits
+    x, _ = next(iter(held.test_dataloader()))
+    assert torch.equal(x, held.test_set.tensors[0][: len(x)])
+    x, _ = next(iter(plain.test_dataloader()))  # no test split: test scores the validation digits, as before
+    assert torch.equal(x, plain.val_set.tensors[0][: len(x)])
+    with pytest.raises(ValueError, match="num_test=300 leaves no training digits"):
+        DigitsDataModule(num_val=100, num_test=300, limit=400).setup("fit")
+
+
 def test_epoch_sampler_splits_ranks(monkeypatch) -> None:
     from diffzoo.data import modules
 

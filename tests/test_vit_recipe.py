@@ -136,6 +136,25 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch) -> None:
     assert torch.allclose(from_ckpt(x), task(x), atol=1e-6)
 
 
+def test_fit_ends_with_a_test_score_only_on_a_test_split(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = _digits_config(tmp_path)
+    held = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "1", "--data.init_args.num_test", "100"])
+    metrics = json.loads(Path(held.trainer.log_dir, "summary.json").read_text())["metrics"]
+    assert 0.0 <= metrics["test/top1"] <= 1.0 and "val/top1" in metrics
+    # scored on the test digits with the final weights
+    held.model.eval()
+    x, y = held.datamodule.test_set.tensors
+    with torch.no_grad():
+        expect = float((held.model(x).argmax(-1) == y).float().mean())
+    assert metrics["test/top1"] == pytest.approx(expect, abs=1e-6)
+    plain = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "1"])  # no test split: no test score
+    assert "test/top1" not in json.loads(Path(plain.trainer.log_dir, "summary.json").read_text())["metrics"]
+    off = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "1", "--data.init_args.num_test", "100",
+                    "--test_after_fit", "false"])
+    assert "test/top1" not in json.loads(Path(off.trainer.log_dir, "summary.json").read_text())["metrics"]
+
+
 def test_print_config_and_default_config(capsys) -> None:
     out = printed_config(cli_main, capsys)
     assert "diffvit_nano_patch7_28" in out and "DigitsDataModule" in out and "max_epochs: 15" in out

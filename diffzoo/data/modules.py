@@ -82,6 +82,8 @@ class DigitsDataModule(pl.LightningDataModule):
 
     Args:
         num_val: digits held out for validation (a fixed split drawn with ``split_seed``).
+        num_test: digits held out, from the remaining ones, as a test split (0: none; the training digits are
+            the same set as before minus these, and the validation digits do not change).
         batch_size: per-device batch size.
         num_workers: DataLoader workers (0 is fastest for in-memory tensors).
         seed: seed of the training order.
@@ -89,7 +91,8 @@ class DigitsDataModule(pl.LightningDataModule):
         limit: use only the first ``limit`` digits (tests).
         augment: random shifts of up to 2 pixels during training.
 
-    The digits have no third split: ``test`` and ``predict`` score the held-out validation digits.
+    With ``num_test=0`` (the default) there is no third split: ``test`` and ``predict`` score the held-out
+    validation digits. With ``num_test > 0`` they score the test digits, which model selection never sees.
     """
 
     num_classes = 10
@@ -106,11 +109,15 @@ class DigitsDataModule(pl.LightningDataModule):
         split_seed: int = 0,
         limit: int | None = None,
         augment: bool = False,
+        num_test: int = 0,
     ) -> None:
         super().__init__()
+        if num_test < 0:
+            raise ValueError(f"num_test={num_test} must be 0 (no test split) or positive")
         self.save_hyperparameters()
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
         self.num_bad = 0
 
     def setup(self, stage: str | None = None) -> None:
@@ -123,6 +130,13 @@ class DigitsDataModule(pl.LightningDataModule):
             images, labels = images[keep], labels[keep]
         x = ((images.float() / 255.0 - MNIST_MEAN) / MNIST_STD).unsqueeze(1)  # (N, 1, 28, 28)
         train_idx, val_idx = split_indices(len(x), min(hp.num_val, len(x) // 2), hp.split_seed)
+        if hp.num_test:
+            if hp.num_test >= len(train_idx):
+                raise ValueError(f"num_test={hp.num_test} leaves no training digits: {len(x)} digits, "
+                                 f"{len(val_idx)} for validation, so num_test must be below {len(train_idx)}")
+            # train_idx is already in random order: its head is a random test split, disjoint from validation
+            train_idx, test_idx = train_idx[hp.num_test :], train_idx[: hp.num_test]
+            self.test_set = TensorDataset(x[test_idx], labels[test_idx])
         self.train_set = TensorDataset(x[train_idx], labels[train_idx])
         self.val_set = TensorDataset(x[val_idx], labels[val_idx])
 
@@ -134,14 +148,24 @@ class DigitsDataModule(pl.LightningDataModule):
             persistent_workers=hp.num_workers > 0,
         )
         return check_train_loader(loader, f"the training split ({len(self.train_set)} digits: limit={hp.limit}, "
-                                          f"num_val={hp.num_val})")
+                                          f"num_val={hp.num_val}, num_test={hp.num_test})")
+
+    @property
+    def has_test_split(self) -> bool:
+        """Whether ``test`` scores digits of their own (``num_test > 0``) rather than the validation digits."""
+        return self.hparams.num_test > 0
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams
         return DataLoader(self.val_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
 
-    test_dataloader = val_dataloader
-    predict_dataloader = val_dataloader
+    def test_dataloader(self) -> DataLoader:
+        if self.test_set is None:
+            return self.val_dataloader()
+        hp = self.hparams
+        return DataLoader(self.test_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
+
+    predict_dataloader = test_dataloader
 
 
 def _shift_collate(batch: list) -> tuple[torch.Tensor, torch.Tensor]:
