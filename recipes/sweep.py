@@ -523,20 +523,23 @@ def main(argv: list[str] | None = None) -> dict:
                       for s in range(args.final_seeds)]
         final = run_all(final_jobs, family, out, args.quick, extra, args.jobs, cache, save)
         metric = family.test_metric or family.val_metric
-        rows = comparison_rows(family, final, reference, metric)
-        results["final"] = {"metric": metric, "rows": rows, "runs": [r["name"] for r in final]}
         text = grid_text(family, best, args.lrs, digits) + "\n\n"
-        text += (f"## Final runs at each variant's best lr ({metric}"
-                 + ("" if family.test_metric else ", validation: this task has no test split")
-                 + f", seeds 100-{99 + args.final_seeds})\n\n" + stats_table(rows, reference, digits) + "\n\n"
-                 + _comparisons_note(rows))
-        ablations = ablation_rows(family, final, metric)
-        if ablations:
-            results["final"]["ablations"] = ablations
-            text += (f"\n\n## Ablations: each variant against the one it changes ({metric})\n\n"
-                     + ablation_table(ablations, digits) + "\n\n" + _comparisons_note(ablations))
+        if final:
+            rows = comparison_rows(family, final, reference, metric)
+            results["final"] = {"metric": metric, "rows": rows, "runs": [r["name"] for r in final]}
+            text += (f"## Final runs at each variant's best lr ({metric}"
+                     + ("" if family.test_metric else ", validation: this task has no test split")
+                     + f", seeds 100-{99 + args.final_seeds})\n\n" + stats_table(rows, reference, digits) + "\n\n"
+                     + _comparisons_note(rows))
+            ablations = ablation_rows(family, final, metric)
+            if ablations:
+                results["final"]["ablations"] = ablations
+                text += (f"\n\n## Ablations: each variant against the one it changes ({metric})\n\n"
+                         + ablation_table(ablations, digits) + "\n\n" + _comparisons_note(ablations))
+        else:
+            text += "No final runs (--final-seeds 0): the grid above is the whole result."
         text += "\n\n" + divergence_text(grid + final)
-        plot_curves(family, final, out / "curves.png")
+        plot_curves(family, final or grid, out / "curves.png")
         (out / "sweep.md").write_text(text + "\n")
         texts.append(text + f"\n\ncurves: {out / 'curves.png'}")
     results["seconds"] = time.time() - start

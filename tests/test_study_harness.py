@@ -285,6 +285,19 @@ def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
     assert (out / "knob.png").stat().st_size > 1000
 
 
+def test_sweep_with_no_final_seeds_reports_the_grid_only(tmp_path, monkeypatch):
+    from recipes import sweep
+
+    monkeypatch.setattr(sweep, "train_run", _fake_run({("softmax", 1e-3): 0.5, ("diff", 1e-3): 0.7}))
+    out = tmp_path / "grid"
+    res = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "1e-3", "--seeds", "2",
+                      "--final-seeds", "0", "--out", str(out)])
+    text = (out / "sweep.md").read_text()
+    assert "final" not in res and "Final runs" not in text and "seeds 100-99" not in text
+    assert "No final runs (--final-seeds 0)" in text and "| softmax |" in text
+    assert (out / "curves.png").stat().st_size > 1000  # the grid's curves
+
+
 def test_sweep_rejects_unknown_variant_and_knob(tmp_path, capsys):
     from recipes import sweep
 
