@@ -16,7 +16,7 @@ where the task has no test split). Every other variant is compared with ``--refe
 permutation p) with Holm's correction over the comparisons of the table.
 
 **Knob** (``--knob ARG --values ...``, mqar and cluttered): each variant at its best lr of the earlier
-sweep in the same folder (or the single ``--lrs`` value) is trained with ``--final-seeds`` seeds at
+sweep in the same folder (or in ``--lrs-from RESULTS``, or the single ``--lrs`` value) is trained with ``--final-seeds`` seeds at
 every knob value; the table and plot show the metric against the knob.
 
 **Chance** (``--chance N``): every variant is scored untrained, ``N`` initialisations each (the recipe's
@@ -25,7 +25,8 @@ every knob value; the table and plot show the metric against the knob.
 Every run is ``python -m <recipe>`` in a fresh process (:mod:`recipes._study`), logging the validation
 metric and ``train/grad_norm`` (:class:`diffzoo.tasks.monitor.GradNormMonitor`); a run that meets a
 non-finite loss stops and is reported as diverged. Written to ``--out`` (default
-``outputs/sweep/<family>/``): ``results.json`` (every run, reused on the next call unless ``--fresh``),
+``outputs/sweep/<family>/``): ``results.json`` (every run, reused on the next call unless ``--fresh``;
+a folder whose runs were trained with other extra arguments or ``--quick`` is refused rather than mixed),
 ``sweep.md`` / ``knob.md`` / ``chance.md`` and ``curves.png`` / ``knob.png``.
 """
 
@@ -454,6 +455,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--chance", type=int, default=0, metavar="N", help="score N random initialisations per variant")
     p.add_argument("--quick", action="store_true", help="smoke mode: each training is the recipe's few-step run")
     p.add_argument("--fresh", action="store_true", help="retrain runs already in results.json")
+    p.add_argument("--lrs-from", type=Path, default=None, metavar="RESULTS",
+                   help="with --knob: each variant's lr from the results.json of another sweep (default: this --out's)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/sweep/<family>)")
     args, extra = p.parse_known_args(argv)
 
@@ -473,8 +476,16 @@ def main(argv: list[str] | None = None) -> dict:
     results_path = out / "results.json"
     results = _load(results_path)
     cache: dict[str, dict] = {} if args.fresh else dict(results.get("runs", {}))
-    same_extra = results.get("extra", []) == list(extra)
-    results.update(family=args.family, recipe=family.recipe, extra=list(extra), quick=args.quick)
+    made_with = {"extra": results.get("extra", []), "quick": results.get("quick", False)}
+    wanted = {"extra": list(extra), "quick": args.quick}
+    if cache and not args.chance and made_with != wanted:
+        # runs are cached by name (variant, lr, seed, knob): reusing them would mix two set-ups in one table
+        p.error(f"{results_path} holds {len(cache)} runs trained with {_setup_words(made_with)}, not "
+                f"{_setup_words(wanted)}; give another --out (--lrs-from {results_path} takes its tuned lrs) "
+                "or --fresh to retrain them")
+    same_extra = made_with == wanted
+    if not args.chance:
+        results.update(family=args.family, recipe=family.recipe, extra=list(extra), quick=args.quick)
 
     def save() -> None:
         results["runs"] = cache
@@ -493,12 +504,16 @@ def main(argv: list[str] | None = None) -> dict:
         (out / "chance.md").write_text(text + "\n")
         texts.append(text)
     elif args.knob is not None:
-        sweep_best = {v: b["lr"] for v, b in (results.get("best") or {}).items()}
+        if args.lrs_from and not args.lrs_from.is_file():
+            p.error(f"--lrs-from {args.lrs_from}: no such file (the results.json of a finished sweep)")
+        tuned = _load(args.lrs_from) if args.lrs_from else results
+        sweep_best = {v: b["lr"] for v, b in (tuned.get("best") or {}).items()}
         lrs = {}
         for v in variants:
             lrs[v] = args.lrs[0] if len(args.lrs) == 1 else sweep_best.get(v)
             if lrs[v] is None:
-                p.error(f"no best lr of {v} in {results_path}; run the sweep first or give one value to --lrs")
+                p.error(f"no best lr of {v} in {args.lrs_from or results_path}; run the sweep first or give one "
+                        "value to --lrs")
         jobs = [(v, lrs[v], 100 + s, (args.knob, str(x))) for x in args.values for v in variants
                 for s in range(args.final_seeds)]
         if same_extra:
@@ -547,6 +562,11 @@ def main(argv: list[str] | None = None) -> dict:
     print("\n\n".join(texts))
     print(f"\n({results['seconds']:.0f} s wall; everything in {results_path})")
     return results
+
+
+def _setup_words(setup: dict) -> str:
+    extra = " ".join(setup["extra"]) or "no extra arguments"
+    return f"{extra}{' (--quick)' if setup['quick'] else ''}"
 
 
 def config_value(config: Path, key: str) -> str | None:

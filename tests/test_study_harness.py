@@ -298,6 +298,37 @@ def test_sweep_with_no_final_seeds_reports_the_grid_only(tmp_path, monkeypatch):
     assert (out / "curves.png").stat().st_size > 1000  # the grid's curves
 
 
+def test_sweep_refuses_to_mix_set_ups_and_takes_lrs_from_another_sweep(tmp_path, monkeypatch, capsys):
+    from recipes import sweep
+
+    values = {("softmax", 1e-3): 0.5, ("softmax", 3e-3): 0.6, ("diff", 1e-3): 0.7, ("diff", 3e-3): 0.65}
+    calls = []
+    monkeypatch.setattr(sweep, "train_run", lambda *a, **k: calls.append(a) or _fake_run(values)(*a, **k))
+    base = ["--family", "mqar", "--variants", "softmax", "diff", "--seeds", "1", "--final-seeds", "1"]
+    first = tmp_path / "first"
+    sweep.main([*base, "--lrs", "1e-3", "3e-3", "--out", str(first)])
+    # the same folder with another data argument: its cached runs have the same names, so it is refused
+    with pytest.raises(SystemExit):
+        sweep.main([*base, "--lrs", "1e-3", "3e-3", "--out", str(first), "--data.filler", "8"])
+    err = capsys.readouterr().err
+    assert "trained with no extra arguments, not --data.filler 8" in err and "--lrs-from" in err
+    with pytest.raises(SystemExit):
+        sweep.main([*base, "--lrs", "1e-3", "3e-3", "--out", str(first), "--quick"])
+    assert "(--quick)" in capsys.readouterr().err
+    # a new folder, knob runs at the lrs tuned in the first folder, with the extra argument
+    calls.clear()
+    second = tmp_path / "second"
+    knob = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--knob", "data.num_pairs",
+                       "--values", "4", "--final-seeds", "1", "--lrs-from", str(first / "results.json"),
+                       "--out", str(second), "--data.filler", "8"])
+    assert knob["knob_result"]["lrs"] == {"softmax": 3e-3, "diff": 1e-3}
+    assert len(calls) == 2 and all(c[6] == ["--data.filler", "8"] for c in calls)  # trained, not reused
+    with pytest.raises(SystemExit):
+        sweep.main(["--family", "mqar", "--knob", "data.num_pairs", "--values", "4", "--lrs-from",
+                    str(tmp_path / "none.json"), "--out", str(tmp_path / "third")])
+    assert "no such file" in capsys.readouterr().err
+
+
 def test_sweep_rejects_unknown_variant_and_knob(tmp_path, capsys):
     from recipes import sweep
 
