@@ -141,6 +141,51 @@ def test_mqar_layout_labels_and_knobs():
         MQARSpec(num_pairs=4, seq_len=10)
 
 
+def _eliminate(tokens, labels, P, generator, remove=True):
+    """Logits of the no-recall shortcut: at each query, a uniform pick among the pair values that no earlier
+    query of the row was answered with (``remove=False``: among all pair values)."""
+    from diffzoo.data.mqar import IGNORE
+
+    logits = torch.zeros(*tokens.shape, int(tokens.max()) + 1)
+    for b in range(len(tokens)):
+        left = tokens[b, 1 : 2 * P : 2].tolist()
+        for pos in (labels[b] != IGNORE).nonzero().flatten().tolist():
+            pick = left[int(torch.randint(len(left), (1,), generator=generator))]
+            logits[b, pos, pick] = 1.0
+            answer = int(labels[b, pos])
+            if remove and answer in left:
+                left.remove(answer)
+    return logits
+
+
+def test_mqar_elimination_shortcut_levels_and_query_replacement():
+    from diffzoo.data.mqar import MQARSpec, accuracy_by_query, elimination_accuracy, make_mqar
+
+    g = torch.Generator().manual_seed(0)
+    spec = MQARSpec(num_pairs=4, filler=4)
+    assert elimination_accuracy(spec) == pytest.approx([1 / 4, 1 / 3, 1 / 2, 1.0])
+    tokens, labels = make_mqar(spec, 3000, g)
+    correct, total = accuracy_by_query(_eliminate(tokens, labels, 4, g), labels)
+    assert total.tolist() == [3000] * 4
+    # the shortcut, which never looks a key up, reaches the documented levels (52 % on average)
+    assert (correct / total).tolist() == pytest.approx(elimination_accuracy(spec), abs=0.03)
+    # with replacement there is nothing to eliminate: a guess among the pair values scores 1 / P at every
+    # query; more queries than pairs are allowed
+    rep = MQARSpec(num_pairs=4, num_queries=6, filler=4, query_replacement=True)
+    tokens, labels = make_mqar(rep, 3000, g)
+    assert tokens.shape[1] == 8 + 4 + 12
+    qkeys = tokens[:, 12::2]
+    assert bool((qkeys[:, :, None] == tokens[:, None, 0:8:2]).any(-1).all())  # every query is a pair's key
+    assert bool((qkeys[:, :, None] == qkeys[:, None, :]).sum(-1).gt(1).any())  # and keys repeat
+    correct, total = accuracy_by_query(_eliminate(tokens, labels, 4, g, remove=False), labels)
+    assert (correct / total).tolist() == pytest.approx([1 / 4] * 6, abs=0.03)
+    assert elimination_accuracy(rep) == [0.25] * 6
+    perfect = torch.nn.functional.one_hot(labels.clamp(min=0), 128).float()
+    assert accuracy_by_query(perfect, labels)[0].tolist() == [3000] * 6
+    with pytest.raises(ValueError, match="more queries than pairs need query_replacement"):
+        MQARSpec(num_pairs=4, num_queries=6)
+
+
 def test_cluttered_compose_keeps_the_target_and_adds_fragments():
     from diffzoo.data.cluttered import compose
 
@@ -228,6 +273,25 @@ def test_quick_recipes_write_summary_and_grad_norm(tmp_path, recipe, attn, metri
     run = read_run(tmp_path / recipe, ("train/grad_norm",))
     assert 0.0 <= run["summary"]["metrics"][metric] <= 1.0
     assert run["curves"]["train/grad_norm"] and all(math.isfinite(g) for g in run["curves"]["train/grad_norm"])
+
+
+def test_mqar_queries_scores_a_run_query_by_query(tmp_path, capsys):
+    from recipes import mqar, mqar_queries
+    from recipes._study import read_run
+
+    mqar.cli_main(["--quick", "--model.attn", "softmax", "--trainer.logger.init_args.save_dir", str(tmp_path),
+                   "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    run = tmp_path / "mqar"
+    (scored,) = mqar_queries.main([str(run), str(tmp_path / "not-a-run.log"), "--out", str(tmp_path / "q.md")])
+    assert len(scored["by_query"]) == 4 and scored["variant"] == "softmax"
+    # the reloaded weights score what the run logged: equal counts per query, so the mean is test/acc
+    test_acc = read_run(run, ())["summary"]["metrics"]["test/acc"]
+    assert sum(scored["by_query"]) / 4 == pytest.approx(test_acc, abs=1e-6)
+    text = (tmp_path / "q.md").read_text()
+    assert "*elimination, no recall*" in text and "| 52.1 | 25.0 | 33.3 | 50.0 | 100.0 |" in text
+    with pytest.raises(SystemExit):
+        mqar_queries.main([str(tmp_path)])  # a folder with no version_N run
+    assert "no finished run" in capsys.readouterr().err
 
 
 # -- sweep pipeline --------------------------------------------------------------------------------

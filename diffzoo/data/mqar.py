@@ -12,6 +12,15 @@ the queries, so attending to "the last time this key appeared" is no longer enou
 query position is the token id of its value; every other position has the label ``-100``. Chance
 accuracy is ``1 / value_vocab``.
 
+**Answering by elimination.** With the default distinct queries (each pair queried at most once), a
+model that never binds a key to its value can still answer query ``i`` (0-based) with probability
+``1 / (P - i)`` by choosing among the pair values no earlier query has taken; with ``Q = P`` the last
+query is always right and the mean is ``(1/P + 1/(P-1) + ... + 1) / P`` (52 % for 4 pairs).
+:func:`elimination_accuracy` gives these levels and :func:`accuracy_by_query` the measured ones: a model
+whose accuracy by query index follows them has learned the shortcut, not the recall. With
+``query_replacement=True`` every query draws its key from all ``P`` pairs again (repeats allowed), so
+elimination gains nothing and a guess among the pair values scores ``1 / P``.
+
 Knobs: ``num_pairs``, ``filler`` (or ``seq_len``, which sets the filler to ``seq_len - 2P - 2Q``) and
 their ratio, the filler share ``F / N``. Training data is generated on the fly from ``seed`` (new
 sequences every epoch); validation and test sets are fixed and drawn from seeds of their own.
@@ -26,7 +35,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["MQARDataModule", "MQARSpec", "make_mqar"]
+__all__ = ["MQARDataModule", "MQARSpec", "accuracy_by_query", "elimination_accuracy", "make_mqar"]
 
 IGNORE = -100
 EVAL_SEEDS = (10_001, 10_002)  # the fixed validation and test sets (never a training seed of the study)
@@ -36,10 +45,12 @@ class MQARSpec:
     """Shape of an MQAR sequence; see the module docstring. ``seq_len`` (if given) fixes the filler."""
 
     def __init__(self, num_pairs: int = 4, num_queries: int | None = None, filler: int = 0,
-                 seq_len: int | None = None, key_vocab: int = 64, value_vocab: int = 64) -> None:
+                 seq_len: int | None = None, key_vocab: int = 64, value_vocab: int = 64,
+                 query_replacement: bool = False) -> None:
         q = num_pairs if num_queries is None else num_queries
-        if num_pairs < 1 or not 1 <= q <= num_pairs:
-            raise ValueError(f"num_pairs={num_pairs} must be >= 1 and num_queries={q} between 1 and num_pairs")
+        if num_pairs < 1 or q < 1 or (q > num_pairs and not query_replacement):
+            raise ValueError(f"num_pairs={num_pairs} must be >= 1 and num_queries={q} between 1 and num_pairs "
+                             "(more queries than pairs need query_replacement=True)")
         if num_pairs > key_vocab:
             raise ValueError(f"num_pairs={num_pairs} distinct keys need key_vocab >= {num_pairs} (got {key_vocab})")
         if value_vocab < 2:
@@ -53,6 +64,7 @@ class MQARSpec:
             raise ValueError(f"filler={filler} must be >= 0")
         self.num_pairs, self.num_queries, self.filler = num_pairs, q, filler
         self.key_vocab, self.value_vocab = key_vocab, value_vocab
+        self.query_replacement = query_replacement
 
     @property
     def seq_len(self) -> int:
@@ -79,7 +91,10 @@ def make_mqar(spec: MQARSpec, n: int, generator: torch.Generator) -> tuple[Tenso
     values = spec.key_vocab + torch.randint(spec.value_vocab, (n, P), generator=generator)
     pairs = torch.stack([keys, values], 2).flatten(1)  # (n, 2P): k1 v1 k2 v2 ...
     filler = torch.randint(spec.key_vocab, (n, F), generator=generator)
-    pick = torch.rand(n, P, generator=generator).argsort(1)[:, :Q]  # which pairs are queried, in what order
+    if spec.query_replacement:  # each query's pair drawn from all P again: nothing to eliminate
+        pick = torch.randint(P, (n, Q), generator=generator)
+    else:  # which pairs are queried, in what order (each at most once)
+        pick = torch.rand(n, P, generator=generator).argsort(1)[:, :Q]
     q_keys, q_values = keys.gather(1, pick), values.gather(1, pick)
     queries = torch.stack([q_keys, q_values], 2).flatten(1)  # (n, 2Q)
     tokens = torch.cat([pairs, filler, queries], 1)
@@ -87,6 +102,27 @@ def make_mqar(spec: MQARSpec, n: int, generator: torch.Generator) -> tuple[Tenso
     start = 2 * P + F
     labels[:, start:start + 2 * Q:2] = q_values  # at each query key: predict its value
     return tokens, labels
+
+
+def elimination_accuracy(spec: MQARSpec) -> list[float]:
+    """Per query index, the accuracy of answering without recall: a pair value no earlier query has taken,
+    chosen uniformly (``1 / (P - i)`` with distinct queries; ``1 / P`` with ``query_replacement``)."""
+    P = spec.num_pairs
+    if spec.query_replacement:
+        return [1.0 / P] * spec.num_queries
+    return [1.0 / (P - i) for i in range(spec.num_queries)]
+
+
+def accuracy_by_query(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``(correct, total)``, each ``(Q,)``: exact-value hits and counts of the ``i``-th labelled position of
+    every row (the ``i``-th query), from ``(B, N, V)`` logits and ``(B, N)`` labels with the same number of
+    labelled positions per row."""
+    mask = labels != IGNORE
+    q = int(mask[0].sum())
+    if not bool((mask.sum(1) == q).all()):
+        raise ValueError("every row must have the same number of labelled (query) positions")
+    hits = (logits.argmax(-1) == labels)[mask].view(len(labels), q)  # row-major: queries in order
+    return hits.sum(0), torch.full((q,), len(labels))
 
 
 class _Stream(IterableDataset):
@@ -110,7 +146,8 @@ class MQARDataModule(pl.LightningDataModule):
     """MQAR sequences for :class:`diffzoo.tasks.mqar.MQARTask`.
 
     Args:
-        num_pairs, num_queries, filler, seq_len, key_vocab, value_vocab: see :class:`MQARSpec`.
+        num_pairs, num_queries, filler, seq_len, key_vocab, value_vocab, query_replacement: see
+            :class:`MQARSpec` and the module docstring.
         batch_size: sequences per step.
         steps_per_epoch: training batches per epoch (each epoch draws new sequences).
         num_val, num_test: sizes of the fixed validation and test sets.
@@ -119,9 +156,10 @@ class MQARDataModule(pl.LightningDataModule):
 
     def __init__(self, num_pairs: int = 4, num_queries: int | None = None, filler: int = 0,
                  seq_len: int | None = None, key_vocab: int = 64, value_vocab: int = 64, batch_size: int = 64,
-                 steps_per_epoch: int = 100, num_val: int = 1000, num_test: int = 1000, seed: int = 0) -> None:
+                 steps_per_epoch: int = 100, num_val: int = 1000, num_test: int = 1000, seed: int = 0,
+                 query_replacement: bool = False) -> None:
         super().__init__()
-        self.spec = MQARSpec(num_pairs, num_queries, filler, seq_len, key_vocab, value_vocab)
+        self.spec = MQARSpec(num_pairs, num_queries, filler, seq_len, key_vocab, value_vocab, query_replacement)
         if batch_size < 1 or steps_per_epoch < 1 or num_val < 1 or num_test < 1:
             raise ValueError("batch_size, steps_per_epoch, num_val and num_test must be >= 1")
         self.batch_size, self.steps_per_epoch, self.seed = batch_size, steps_per_epoch, seed
@@ -130,7 +168,10 @@ class MQARDataModule(pl.LightningDataModule):
         self.chance = self.spec.chance
         self._eval: dict[str, tuple[Tensor, Tensor]] = {}
 
-    def _fixed(self, split: str) -> tuple[Tensor, Tensor]:
+    def eval_set(self, split: str) -> tuple[Tensor, Tensor]:
+        """The fixed ``"val"`` or ``"test"`` sequences: ``(tokens, labels)``, the same on every call."""
+        if split not in ("val", "test"):
+            raise ValueError(f"split={split!r}: MQAR has the fixed splits 'val' and 'test'")
         if split not in self._eval:
             n, seed = (self.num_val, EVAL_SEEDS[0]) if split == "val" else (self.num_test, EVAL_SEEDS[1])
             self._eval[split] = make_mqar(self.spec, n, torch.Generator().manual_seed(seed))
@@ -140,7 +181,7 @@ class MQARDataModule(pl.LightningDataModule):
         return DataLoader(_Stream(self.spec, self.batch_size, self.steps_per_epoch, self.seed), batch_size=None)
 
     def _loader(self, split: str) -> DataLoader:
-        tokens, labels = self._fixed(split)
+        tokens, labels = self.eval_set(split)
         return DataLoader(list(zip(tokens.split(self.batch_size * 4), labels.split(self.batch_size * 4))),
                           batch_size=None)
 
