@@ -85,7 +85,7 @@ class TestAfterFit:
             summary = json.loads(path.read_text()) if path.is_file() else {}
             summary.setdefault("metrics", {}).update({k: float(v) for k, v in results[0].items()})
             path.write_text(json.dumps(summary, indent=2))
-            print(f"test/top1: {100 * results[0].get('test/top1', float('nan')):.2f} %", flush=True)
+            print("test: " + "  ".join(f"{k} {v:.4g}" for k, v in results[0].items()), flush=True)
 
 
 @contextmanager

@@ -108,9 +108,10 @@ FAMILIES: dict[str, Family] = {
         "val/top1", "test/top1", "top-1 %, synthesised keywords", CONFIGS / "speech_synth.yaml", _data_seed,
         _LIMITS + ("--trainer.limit_test_batches", "2")),
     "lm": Family(
-        "recipes.lm", _attn_variants(("softmax", "diff", "diff_v2")), "val/loss", None,
-        "val loss (nats/byte), pydoc text", CONFIGS / "lm_pydoc.yaml", _plain_seed, _LIMITS,
-        higher_is_better=False, scale=1.0),
+        "recipes.lm", _attn_variants(("softmax", "diff", "diff_v2")), "val/loss", "test/loss",
+        "loss (nats/byte), pydoc text, lm_nano, 500 steps", CONFIGS / "lm_pydoc.yaml", _plain_seed,
+        _LIMITS + ("--trainer.limit_test_batches", "2"), higher_is_better=False, scale=1.0,
+        base_args=("--model.model", "lm_nano", "--data.test_windows", "64", "--trainer.max_epochs", "5")),
     "mqar": Family(
         "recipes.mqar", _attn_variants(_variant_names()), "val/acc", "test/acc", "query accuracy %, MQAR",
         CONFIGS / "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(),

@@ -51,6 +51,23 @@ def test_two_steps_reduce_the_loss(tmp_path: Path, monkeypatch) -> None:
         cli_main(["fit", "--config", str(_write_config(tmp_path)), "--data.needle_counts", "[1, 2]"])
 
 
+def test_test_windows_follow_the_validation_windows_and_are_scored_after_fit(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = str(_write_config(tmp_path))
+    cli = cli_main(["fit", "--config", cfg, "--trainer.max_steps", "2", "--data.test_windows", "3"])
+    data = cli.datamodule
+    assert data.has_test_split and len(data.test_set) == 3 and len(data.val_set) == 4
+    val, test = set(data.val_set.offsets), set(data.test_set.offsets)
+    assert not val & test and min(test) > max(val)  # the windows after the validation ones
+    metrics = json.loads(Path(cli.trainer.log_dir, "summary.json").read_text())["metrics"]
+    assert metrics["test/loss"] > 0 and metrics["test/ppl"] > 1
+    plain = cli_main(["fit", "--config", cfg, "--trainer.max_steps", "2"])
+    assert not plain.datamodule.has_test_split and plain.datamodule.val_set.offsets == data.val_set.offsets
+    assert "test/loss" not in json.loads(Path(plain.trainer.log_dir, "summary.json").read_text())["metrics"]
+    with pytest.raises(ValueError, match="test_windows=1000: the held-out"):
+        cli_main(["fit", "--config", cfg, "--trainer.max_steps", "2", "--data.test_windows", "1000"])
+
+
 def test_resume_continues_exactly_and_exports(tmp_path: Path, monkeypatch) -> None:
     import lightning.pytorch as pl
 

@@ -297,7 +297,9 @@ class TextDataModule(pl.LightningDataModule):
         batch_size: windows per batch and device.
         train_windows: windows per epoch (all devices together); an epoch ends with validation and a checkpoint.
         val_windows: fixed, non-overlapping validation windows (at most what the split holds).
-        val_fraction: the last fraction of the corpus held out for validation.
+        val_fraction: the last fraction of the corpus held out for validation (and test).
+        test_windows: fixed test windows from the held-out part, after the validation windows (0: no test
+            split; the validation windows are the same either way).
         needle_fraction: share of training windows replaced by retrieval contexts (0 = plain LM).
         needle_counts: needle counts drawn for those contexts.
         seed: seed of the window order.
@@ -318,9 +320,12 @@ class TextDataModule(pl.LightningDataModule):
         needle_counts: tuple[int, ...] = (1, 2, 4),
         seed: int = 0,
         num_workers: int = 0,
+        test_windows: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if test_windows < 0:
+            raise ValueError(f"data.test_windows={test_windows} must be 0 (no test split) or positive")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1")
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("train_windows", train_windows),
@@ -332,6 +337,12 @@ class TextDataModule(pl.LightningDataModule):
         self.token_path: Path | None = None
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
+        self.test_set: TokenWindows | None = None
+
+    @property
+    def has_test_split(self) -> bool:
+        """Whether ``test`` reads windows of its own (``test_windows > 0``) rather than the validation ones."""
+        return self.hparams.test_windows > 0
 
     def prepare_data(self) -> None:
         tokenize_corpus(self.hparams.corpus, self.hparams.tokenizer, self.hparams.cache_dir)
@@ -344,12 +355,22 @@ class TextDataModule(pl.LightningDataModule):
         n = len(load_tokens(self.token_path))
         split = int(n * (1 - hp.val_fraction))
         L = hp.seq_len
-        offsets = list(range(0, n - split - L, L))[: hp.val_windows]
+        held_out = list(range(0, n - split - L, L))
+        offsets = held_out[: hp.val_windows]
         if not offsets:
             raise ValueError(f"the validation split ({n - split} tokens) cannot fill a window of {L + 1} tokens")
         common = dict(seq_len=L, tokenizer=hp.tokenizer, needle_counts=hp.needle_counts)
         self.train_set = TokenWindows(self.token_path, start=0, end=split, **common)
         self.val_set = TokenWindows(self.token_path, start=split, end=n, offsets=offsets, **common)
+        if hp.test_windows:
+            test = held_out[len(offsets) : len(offsets) + hp.test_windows]
+            if len(test) < hp.test_windows:
+                raise ValueError(
+                    f"data.test_windows={hp.test_windows}: the held-out {n - split} tokens give {len(held_out)} "
+                    f"windows of {L} tokens, {len(offsets)} of them for validation, so at most "
+                    f"{len(held_out) - len(offsets)} for test; lower test_windows or val_windows, or raise val_fraction"
+                )
+            self.test_set = TokenWindows(self.token_path, start=split, end=n, offsets=test, **common)
         if hp.needle_fraction > 0:  # fail now, not in the middle of an epoch
             most = max(hp.needle_counts)
             try:
@@ -373,6 +394,14 @@ class TextDataModule(pl.LightningDataModule):
             num_workers=hp.num_workers,
         )
 
-    # the corpus has two splits: test and predict read the held-out validation windows
-    test_dataloader = val_dataloader
-    predict_dataloader = val_dataloader
+    def test_dataloader(self) -> DataLoader:
+        """The test windows; the validation windows when there is no test split (``test_windows=0``)."""
+        if self.test_set is None:
+            return self.val_dataloader()
+        hp = self.hparams
+        return DataLoader(
+            self.test_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.test_set, hp.seed, shuffle=False),
+            num_workers=hp.num_workers,
+        )
+
+    predict_dataloader = test_dataloader
