@@ -284,7 +284,7 @@ def _zero_batch_modules(tmp: Path) -> list[tuple[str, Callable[[], object], str]
     return [
         ("text", lambda: TextDataModule(corpus=str(corpus), cache_dir=str(tmp / "cache"), seq_len=16, batch_size=16,
                                         train_windows=8), "data.train_windows=8 gives 8 training samples"),
-        ("digits", lambda: DigitsDataModule(limit=40, num_val=20, batch_size=32), "(20 digits: limit=40, num_val=20)"),
+        ("digits", lambda: DigitsDataModule(limit=40, num_val=20, batch_size=32), "(20 digits: limit=40, num_val=20, num_test=0)"),
         ("folder", lambda: ImageFolderDataModule(str(folder), batch_size=8, **common), "(6 images)"),
         ("shards", lambda: ShardDataModule(shards, shards, num_classes=3, train_samples=10, batch_size=4,
                                            **{**common, "num_workers": 4}),
