@@ -106,7 +106,7 @@ FAMILIES: dict[str, Family] = {
         "recipes.speech_commands", {"softmax": ("--model.model", "softkwt_nano"),
                                     "diff": ("--model.model", "diffkwt_nano")},
         "val/top1", "test/top1", "top-1 %, synthesised keywords", CONFIGS / "speech_synth.yaml", _data_seed,
-        _LIMITS + ("--trainer.limit_test_batches", "2")),
+        _LIMITS + ("--trainer.limit_test_batches", "2"), knobs=("data.init_args.snr_fixed_db",), chance=1 / 12),
     "lm": Family(
         "recipes.lm", _attn_variants(("softmax", "diff", "diff_v2")), "val/loss", "test/loss",
         "loss (nats/byte), pydoc text, lm_nano, 500 steps", CONFIGS / "lm_pydoc.yaml", _plain_seed,
@@ -451,7 +451,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--final-seeds", type=int, default=5, help="seeds of the final runs at the best lr")
     p.add_argument("--jobs", type=int, default=1, help="trainings at once (one process each)")
     p.add_argument("--knob", default=None, help="a data argument to sweep (mqar: data.num_pairs, data.filler, "
-                                                "data.seq_len; cluttered: data.k, data.canvas)")
+                                                "data.seq_len; cluttered: data.k, data.canvas; speech: "
+                                                "data.init_args.snr_fixed_db)")
     p.add_argument("--values", nargs="+", default=None, help="values of --knob")
     p.add_argument("--chance", type=int, default=0, metavar="N", help="score N random initialisations per variant")
     p.add_argument("--quick", action="store_true", help="smoke mode: each training is the recipe's few-step run")

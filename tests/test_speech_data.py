@@ -131,6 +131,25 @@ def test_synth_dataset_labels_noise_and_determinism(tmp_path: Path) -> None:
     assert len(full) == len(TINY_WORDS) * 2 and SILENCE not in [class_names(35)[y] for y in full.labels]
 
 
+def test_fixed_snr_sets_the_noise_of_every_split(tmp_path: Path) -> None:
+    from diffzoo.data.speech import SynthKeywordsDataModule
+
+    def module(snr):
+        dm = SynthKeywordsDataModule(clips_per_word=(1, 1, 1), silence_clips=(1, 1, 1), cache_dir=str(tmp_path),
+                                     snr_fixed_db=snr)
+        dm.setup("fit")
+        return dm
+
+    ranged, loud, quiet = module(None), module(20.0), module(-10.0)
+    assert ranged.val_set.snr_db == (0.0, 20.0)
+    for split in ("train_set", "val_set", "test_set"):
+        assert getattr(loud, split).snr_db == (20.0, 20.0) and getattr(quiet, split).snr_db == (-10.0, -10.0)
+    spoken = next(i for i in range(len(loud.val_set)) if class_names(12)[loud.val_set.labels[i]] != SILENCE)
+    a, b = loud.val_set[spoken][0], quiet.val_set[spoken][0]  # same clip, gain, shift and noise draw
+    # speech power P plus noise power P/100 at +20 dB and 10 P at -10 dB: about 11 times the power
+    assert 8 < float(b.pow(2).mean() / a.pow(2).mean()) < 14
+
+
 def test_colored_noise_and_mixing() -> None:
     gen = torch.Generator().manual_seed(0)
     white, brown = synth.colored_noise(16000, 0.0, gen), synth.colored_noise(16000, 2.0, gen)

@@ -441,6 +441,8 @@ class SynthKeywordsDataModule(_AudioDataModule):
         split_seed: seed of the voice split, of every clip's synthesis and of the evaluation noise (keep
             it fixed across runs being compared).
         cache_dir: where the synthesised clips are cached.
+        snr_fixed_db: mix the noise of every clip, in every split, at exactly this speech-to-noise ratio
+            instead of one drawn from ``snr_db`` (None): the noise level as one knob.
     """
 
     data_name = "synthesised keyword clips (voices unseen in training)"
@@ -459,6 +461,7 @@ class SynthKeywordsDataModule(_AudioDataModule):
         seed: int = 0,
         split_seed: int = 0,
         cache_dir: str = "data/cache/speech_synth",
+        snr_fixed_db: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -479,7 +482,8 @@ class SynthKeywordsDataModule(_AudioDataModule):
         data = load_or_synthesize(self.config, hp.cache_dir)
         self.voices = data["voices"]
         common = dict(
-            words=self.config.words, num_classes=hp.num_classes, snr_db=tuple(hp.snr_db), gain_db=tuple(hp.gain_db),
+            words=self.config.words, num_classes=hp.num_classes, gain_db=tuple(hp.gain_db),
+            snr_db=tuple(hp.snr_db) if hp.snr_fixed_db is None else (float(hp.snr_fixed_db),) * 2,
             silence_db=tuple(hp.silence_db), time_shift_ms=hp.time_shift_ms, seed=hp.split_seed,
         )
         self.train_set, self.val_set, self.test_set = (
