@@ -412,10 +412,11 @@ def chance_rows(family: Family, scored: list[dict]) -> list[dict]:
     under ``val/`` or ``test/``): mean, sd, min, max over the random initialisations."""
     rows = []
     keys = {k: (k, family.scale) for k in (family.val_metric, family.test_metric) if k}
-    # every other score the validation logs (zero-shot, retrieval, colour-swap ...), as a percentage
+    # every other score the validation logs (zero-shot, retrieval, colour-swap ...): as a percentage in a
+    # family whose metrics are fractions, as logged otherwise (a perplexity is no fraction)
     for k in sorted({k for s in scored for k in s["metrics"]}):
         if k.startswith(("val/", "test/")) and k not in keys and not any(w in k for w in _NOT_SCORES):
-            keys[k] = (f"{k} (%)", 100.0)
+            keys[k] = (f"{k} (%)", 100.0) if family.scale == 100.0 else (k, 1.0)
     for variant in dict.fromkeys(s["variant"] for s in scored):
         for key, (label, scale) in keys.items():
             vals = [scale * s["metrics"][key] for s in scored if s["variant"] == variant and key in s["metrics"]]

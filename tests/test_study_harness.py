@@ -430,6 +430,16 @@ def test_chance_rows_report_every_logged_score_but_not_losses_or_counts():
     assert (rows["val/zs_top1"]["min"], rows["val/zs_top1"]["max"]) == pytest.approx((10.0, 12.0))
 
 
+def test_chance_rows_keep_other_scores_as_logged_in_a_family_of_losses():
+    from recipes import sweep
+
+    scored = [{"variant": "softmax", "seed": s, "metrics": {"val/loss": 5.0 + s / 10, "val/ppl": 150.0 + s}}
+              for s in range(2)]
+    rows = {r["metric"]: r for r in sweep.chance_rows(sweep.FAMILIES["lm"], scored)}
+    assert set(rows) == {"val/loss", "val/ppl"}  # no "(%)": a perplexity is not a fraction
+    assert rows["val/ppl"]["mean"] == pytest.approx(150.5) and rows["val/loss"]["mean"] == pytest.approx(5.05)
+
+
 def test_ablation_rows_compare_each_variant_with_its_parent():
     from recipes import sweep
 
