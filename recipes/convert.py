@@ -46,10 +46,9 @@ def _state_dict(path: str) -> dict[str, torch.Tensor]:
 
 
 def _load_strict(model: nn.Module, sd: dict[str, torch.Tensor], path: str) -> None:
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    # a tied parameter stored once (the LM's output weight is its token embedding) is loaded through its twin
-    params = dict(model.named_parameters(remove_duplicate=False))
-    missing = [k for k in missing if not (k in params and any(params.get(j) is params[k] for j in sd))]
+    from diffzoo.tasks.export import load_tied
+
+    missing, unexpected = load_tied(model, sd)
     if missing or unexpected:
         raise ValueError(
             f"--weights {path} does not fit the source model ({len(missing)} missing, e.g. {missing[:2]}; "

@@ -22,12 +22,14 @@ import torch
 import yaml
 
 from diffzoo.data.mqar import MQARDataModule, accuracy_by_query, elimination_accuracy
+from diffzoo.tasks.export import load_tied
 from diffzoo.tasks.mqar import MQARTask
 from recipes._study import latest_log_dir
 
 _NOT_SHAPE = ("lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio", "init_from", "train_only",
               "unfreeze_after")
-_DATA_KEYS = ("num_pairs", "num_queries", "filler", "seq_len", "key_vocab", "value_vocab", "query_replacement")
+_DATA_KEYS = ("num_pairs", "num_queries", "filler", "seq_len", "key_vocab", "value_vocab", "query_replacement",
+              "num_val", "num_test")
 
 
 def load_run(folder: Path) -> tuple[torch.nn.Module, MQARDataModule, dict]:
@@ -39,11 +41,11 @@ def load_run(folder: Path) -> tuple[torch.nn.Module, MQARDataModule, dict]:
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} does not exist: the run did not finish (no exported weights)")
     config = yaml.safe_load((log_dir / "config.yaml").read_text())
-    data = MQARDataModule(**{k: v for k, v in config["data"].items() if k in _DATA_KEYS or k in ("num_val", "num_test")})
+    data = MQARDataModule(**{k: v for k, v in config["data"].items() if k in _DATA_KEYS})
     model_args = {k: v for k, v in config["model"].items() if k not in _NOT_SHAPE}
     model = MQARTask(**{**model_args, "vocab_size": data.vocab_size}).model
-    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
-    if unexpected or set(missing) - {"output.weight"}:  # the output matrix is tied to the embedding, stored once
+    missing, unexpected = load_tied(model, load_file(str(weights)))
+    if missing or unexpected:
         raise ValueError(f"{weights} does not fit the model of {log_dir / 'config.yaml'}: missing {missing}, "
                          f"unexpected {unexpected}")
     return model.eval(), data, config

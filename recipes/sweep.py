@@ -486,7 +486,6 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"{results_path} holds {len(cache)} runs trained with {_setup_words(made_with)}, not "
                 f"{_setup_words(wanted)}; give another --out (--lrs-from {results_path} takes its tuned lrs) "
                 "or --fresh to retrain them")
-    same_extra = made_with == wanted
     if not args.chance:
         results.update(family=args.family, recipe=family.recipe, extra=list(extra), quick=args.quick)
 
@@ -519,8 +518,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "value to --lrs")
         jobs = [(v, lrs[v], 100 + s, (args.knob, str(x))) for x in args.values for v in variants
                 for s in range(args.final_seeds)]
-        if same_extra:
-            reuse_final_runs(jobs, cache, config_value(family.config, args.knob))
+        reuse_final_runs(jobs, cache, config_value(family.config, args.knob))  # the cache's set-up was checked above
         runs = run_all(jobs, family, out, args.quick, extra, args.jobs, cache, save)
         metric = family.test_metric or family.val_metric
         rows = comparison_rows(family, runs, reference, metric, group=lambda r: r["knob"][1])

@@ -55,6 +55,16 @@ def submodule_state(state_dict: dict[str, Tensor], prefix: str) -> dict[str, Ten
     return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
 
 
+def load_tied(module: nn.Module, state: dict[str, Tensor]) -> tuple[list[str], list[str]]:
+    """Load ``state`` into ``module`` where the names match; return ``(missing, unexpected)`` keys, leaving out
+    of ``missing`` a tied parameter stored once under its twin's name (an LM's output weight saved as the
+    token embedding)."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    missing = [k for k in missing if not (k in params and any(params.get(j) is params[k] for j in state))]
+    return missing, list(unexpected)
+
+
 def export_module(
     task: nn.Module, path: PathLike, use_ema: bool = False, state_dict: dict[str, Tensor] | None = None
 ) -> Path:
