@@ -329,3 +329,169 @@ def test_larger_half_precision_kv_cache(dtype, tol):
     q, k, v, lam = make_inputs(B=2, H=4, Hkv=2, Nq=77, Nk=256, d=64, dtype=dtype)
     got, want = run_both(q, k, v, lam, causal=True, blocks=(32, 64))
     assert_close_rel(got, want, tol)
+
+
+# --------------------------------------------------------------------------------------------------
+# masked tiles, limits and refusals
+# --------------------------------------------------------------------------------------------------
+
+SHIFT_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["left_padding", "block_diagonal"])
+def test_constant_logit_shift_after_fully_masked_tiles(dtype, layout):
+    """Adding one constant to every allowed logit leaves softmax unchanged, also after key tiles that a
+    row sees fully masked (left-padded batches, block-diagonal and sliding-window masks reach this)."""
+    Nq, Nk = 64, 256
+    q, k, v, lam = make_inputs(B=1, Nq=Nq, Nk=Nk, dtype=dtype, seed=3)
+    kw: dict = {}
+    if layout == "left_padding":  # the first 128 keys are padding: 8 fully masked 16-key tiles first
+        kpm = torch.zeros(1, Nk, dtype=torch.bool, device=DEVICE)
+        kpm[:, :128] = True
+        kw["key_padding_mask"] = kpm
+        allowed = ~kpm[0].expand(Nq, Nk)
+    else:  # query row i sees the 64-key block 2 + i // 32 only
+        block = torch.arange(Nk, device=DEVICE) // 64
+        allowed = block[None, :] == (2 + torch.arange(Nq, device=DEVICE) // 32)[:, None]
+    for shift in (0.0, -1000.0, 30.0):
+        bias = torch.where(allowed, torch.tensor(shift, device=DEVICE), torch.tensor(float("-inf"), device=DEVICE))
+        got, want = run_both(q, k, v, lam, attn_mask=bias, blocks=(16, 16), **kw)
+        assert got[0].abs().amax(-1).min() > 0, f"shift {shift}: rows with allowed keys came out as zeros"
+        assert_close_rel(got, want, SHIFT_TOL[dtype])
+
+
+def test_backward_fake_kernel_declares_contiguous_gradients():
+    """The fake (meta) backward must describe what the real op returns, or inductor's stride asserts fail."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 9, 2, 16, generator=g).permute(0, 2, 1, 3) for _ in range(2))  # token-major views
+    v = torch.randn(2, 9, 1, 32, generator=g).permute(0, 2, 1, 3)
+    lam = torch.tensor(0.4)
+    out, parts, lse = td._fwd_op(q, k, v, lam, None, None, False, 0.25, True, False)
+    args = (torch.randn_like(out), q, k, v, lam, None, None, parts, lse, False, 0.25)
+    for det in (False, True):
+        real = td._bwd_op(*args, det)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = td._bwd_op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args), det)
+        for name, r, f in zip(("dq", "dk", "dv", "dlam"), real, fake):
+            assert (r.shape, r.stride(), r.dtype) == (f.shape, f.stride(), f.dtype), f"{name} (deterministic={det})"
+
+
+@pytest.mark.slow
+def test_inductor_compiles_non_contiguous_inputs():
+    import torch._inductor.config as inductor_config
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 9, 2, 16, generator=g).permute(0, 2, 1, 3).requires_grad_() for _ in range(2))
+    v = torch.randn(2, 9, 1, 32, generator=g).permute(0, 2, 1, 3).requires_grad_()
+    lam = torch.tensor(0.4, requires_grad=True)
+
+    def f(q, k, v, lam):
+        return td.diff_attention_triton(q, k, v, lam).square().sum()
+
+    with inductor_config.patch(force_disable_caches=True):  # a cached graph would keep an old op's strides
+        compiled = torch.compile(f, backend="inductor", fullgraph=True)
+        grads = torch.autograd.grad(compiled(q, k, v, lam), (q, k, v, lam))
+    grads_ref = torch.autograd.grad(f(q, k, v, lam), (q, k, v, lam))
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_fp32_runs_after_the_new_tf32_api_was_used():
+    """Reading the legacy ``allow_tf32`` flag raises once ``fp32_precision`` has been set."""
+    matmul = torch.backends.cuda.matmul
+    old = matmul.fp32_precision
+    q, k, v, lam = make_inputs(Nq=20, Nk=20)
+    try:
+        matmul.fp32_precision = "tf32"
+        out = td.diff_attention_triton(q, k, v, lam, causal=True)
+        assert td.tf32_enabled() and td._precision(torch.float32) == "tf32"
+        matmul.fp32_precision = "ieee"
+        assert not td.tf32_enabled() and td._precision(torch.float32) == "ieee"
+        assert td._precision(torch.bfloat16) == "tf32"
+    finally:
+        matmul.fp32_precision = old
+    torch.testing.assert_close(out, diff_attention_reference(q, k, v, lam, causal=True), atol=2e-3, rtol=2e-3)
+
+
+_LARGE_OFFSETS = r"""
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch
+from diffzoo.kernels import triton_diff as td
+from diffzoo.kernels.reference import diff_attention_reference
+
+g = torch.Generator().manual_seed(0)
+# q rows 256.. and mask rows 256.. lie beyond 2**31 elements from their base; the storages are
+# allocated but only the rows read are ever touched
+rows, d, stride = 272, 16, 2**23
+q_store = torch.empty(rows * stride, dtype=torch.float16)
+q = q_store.as_strided((1, 2, rows, d), (0, d, stride, 1))
+q.copy_(torch.randn(1, 2, rows, d, generator=g))
+k = torch.randn(1, 2, 40, d, generator=g).half()
+v = torch.randn(1, 1, 40, 2 * d, generator=g).half()
+mask_store = torch.empty(rows * stride, dtype=torch.float32)
+mask = mask_store.as_strided((rows, 40), (stride, 1))
+mask.copy_(torch.randn(rows, 40, generator=g))
+lam = torch.tensor(0.3)
+worst = 0.0
+with td._test_blocks(16, 16):
+    for attn_mask in (None, mask):
+        out = td.diff_attention_triton(q, k, v, lam, attn_mask=attn_mask)
+        ref = diff_attention_reference(q.float(), k.float(), v.float(), lam, attn_mask=attn_mask)
+        worst = max(worst, ((out.float() - ref).abs().max() / ref.abs().max()).item())
+print("relative error", worst)
+sys.exit(0 if worst < 5e-3 else 1)
+"""
+
+
+def test_offsets_beyond_int32_in_the_interpreter():
+    """Row offsets past 2**31 elements (a token-major view of a long sequence, a dense mask of
+    Nq * Nk >= 2**31): 32-bit offsets wrap around and read the wrong memory (or crash)."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _LARGE_OFFSETS], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"
+
+
+def test_launch_grids_stay_within_cuda_limits(monkeypatch):
+    """CUDA caps grid axes 1 and 2 at 65535 and axis 0 at 2**31 - 1: batch * heads goes on axis 0."""
+    grids = []
+
+    def record(kernel, grid, args, kwargs):
+        grids.append(grid(kwargs) if callable(grid) else grid)
+
+    monkeypatch.setattr(td, "_run_kernel", record)
+    B, H = 35000, 2  # B * H = 70000 programs per query tile
+    q, k, v, lam = make_inputs(B=B, H=H, Hkv=H, Nq=1, Nk=1)
+    for det in (False, True):
+        with deterministic(det):
+            out = td.diff_attention_triton(q, k, v, lam)
+            torch.autograd.grad(out, (q, k, v, lam), torch.ones_like(out))
+    assert len(grids) == 2 * 3 + 1  # forward, delta, dK/dV (+ dQ when deterministic)
+    for grid in grids:
+        assert grid[0] >= B * H and grid[0] <= 2**31 - 1
+        assert all(n <= 65535 for n in grid[1:]), grid
+
+
+def test_refuses_what_it_would_get_wrong_or_run_slowly(monkeypatch):
+    q, k, v, lam = make_inputs(H=2, Hkv=2, Nq=20, Nk=20)
+    per_head = torch.tensor([0.2, 0.7]).view(1, 2, 1, 1).to(DEVICE)
+    reason = td.unsupported(Call(q, k, v, None, None, False, 0.0, True, per_head))
+    assert reason is not None and "scalar lambda" in reason
+    # auto falls back to a backend that takes a per-head lambda instead of raising
+    with torch.no_grad():
+        out = diff_attention(q, k, v, per_head, backend="auto")
+        torch.testing.assert_close(out, diff_attention_reference(q, k, v, per_head), atol=1e-5, rtol=1e-5)
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert "compute capability 7.5" in td._device_refusal(cuda, torch.float16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert td._device_refusal(cuda, torch.bfloat16) is None
+    monkeypatch.setattr(td, "tf32_enabled", lambda: False)
+    assert "TF32" in td._device_refusal(cuda, torch.float32)
+    monkeypatch.setattr(td, "tf32_enabled", lambda: True)
+    assert td._device_refusal(cuda, torch.float32) is None

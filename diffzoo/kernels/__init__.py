@@ -8,7 +8,8 @@ Backends of ``diff_attention``:
 * ``reference``: explicit maps in fp32, the ground truth of the tests.
 * ``sdpa``: ``F.scaled_dot_product_attention`` with both branches folded into one call.
 * ``blockwise``: exact blockwise form at the FLOPs of standard attention, with a fused backward.
-* ``triton``: fused Triton kernels (two online softmaxes sharing K/V tiles), CUDA or ``TRITON_INTERPRET=1``.
+* ``triton``: fused Triton kernels (two online softmaxes sharing K/V tiles), CUDA or ``TRITON_INTERPRET=1``;
+  opt-in (``auto`` does not pick it) until it has been measured on a GPU.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def diff_attention(
     """
     check_dropout_p(dropout_p)
     lam = as_lambda(lam, q)
-    call = Call(q, k, v, attn_mask, key_padding_mask, causal, dropout_p, torch.is_grad_enabled())
+    call = Call(q, k, v, attn_mask, key_padding_mask, causal, dropout_p, torch.is_grad_enabled(), lam)
     fn = select_backend("diff", call, backend).fn()
     return fn(
         q, k, v, lam, attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal, scale=scale,
@@ -159,6 +160,12 @@ def _sdpa_unsupported(call: Call) -> str | None:
     return None
 
 
+def _blockwise_unsupported(call: Call) -> str | None:
+    if call.lam is not None and call.lam.numel() != 1:
+        return f"lambda of shape {tuple(call.lam.shape)}: the blockwise backend takes one scalar lambda per call"
+    return None
+
+
 def _loaded(fn):
     # The plain-PyTorch backends are imported with the package: an import at call time would be a
     # graph break under torch.compile. Only the Triton backend loads on first use.
@@ -167,7 +174,7 @@ def _loaded(fn):
 
 register_backend("diff", Backend("reference", _loaded(diff_attention_reference)))
 register_backend("diff", Backend("sdpa", _loaded(diff_attention_sdpa), unsupported=_sdpa_unsupported))
-register_backend("diff", Backend("blockwise", _loaded(diff_attention_blockwise)))
+register_backend("diff", Backend("blockwise", _loaded(diff_attention_blockwise), unsupported=_blockwise_unsupported))
 register_backend(
     "diff",
     Backend(

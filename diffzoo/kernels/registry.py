@@ -41,6 +41,7 @@ class Call:
     causal: bool
     dropout_p: float
     requires_grad: bool
+    lam: Tensor | None = None  # the differential op's lambda (a backend may take only a scalar)
 
 
 @dataclass
@@ -69,7 +70,9 @@ class Backend:
 _REGISTRY: dict[str, dict[str, Backend]] = {"diff": {}, "softmax": {}}
 # Preference of ``auto`` per device type; the first backend that can run the call wins.
 _AUTO_ORDER: dict[str, dict[str, tuple[str, ...]]] = {
-    "diff": {"cuda": ("triton", "sdpa", "blockwise", "reference"), "cpu": ("blockwise", "sdpa", "reference")},
+    # The fused Triton kernel is opt-in (backend="triton") until a GPU has measured it: on CUDA ``auto``
+    # uses SDPA, which runs PyTorch's measured flash / memory-efficient kernels (docs/kernels.md).
+    "diff": {"cuda": ("sdpa", "blockwise", "reference"), "cpu": ("blockwise", "sdpa", "reference")},
     "softmax": {"cuda": ("sdpa", "reference"), "cpu": ("sdpa", "reference")},
 }
 # Differential-only backend names used for a standard-attention call resolve to these.

@@ -60,14 +60,13 @@ MAX_VALUE_DIM = 256
 _LOG2E = 1.4426950408889634
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-# Test hooks: fill every output buffer with NaN before the kernels write (catches unwritten
-# elements), and force block sizes (to put block boundaries inside small test shapes).
-_poison = False
-_forced_blocks: tuple[int, int] | None = None
-
 
 # --------------------------------------------------------------------------------------------------
 # Device helpers
+#
+# Addressing: everything that can exceed 2**31 elements (batch, head and row-block offsets) is computed
+# as a 64-bit scalar once per program or per tile; the offsets inside one tile stay 32-bit, which is
+# safe because the wrapper refuses strides for which ``MAX_TILE * stride`` would not fit in int32.
 # --------------------------------------------------------------------------------------------------
 
 
@@ -86,27 +85,43 @@ def _query_tile_bounds(start_m, Nq, Nk, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
+def _program_tile(num_rows, BLOCK: tl.constexpr):
+    """``(tile, row block start, batch*head index as int64)`` of this program in the flat 1-D grid.
+
+    The grid is ``num_tiles * batch_heads`` programs on axis 0 (the axis CUDA does not cap at 65535).
+    Consecutive programs share a head, so they read the same K/V (or Q) tiles from L2; tiles run in
+    reverse order so that the longest causal tiles start first.
+    """
+    pid = tl.program_id(0)
+    num_tiles = tl.cdiv(num_rows, BLOCK)
+    tile = num_tiles - 1 - pid % num_tiles
+    bh = (pid // num_tiles).to(tl.int64)
+    return tile, tile * BLOCK, bh
+
+
+@triton.jit
 def _fwd_loop(
     acc1, acc2, l1, l2, m1, m2, q1, q2,
     k1_base, k2_base, v_base, kpb_base, bias_base,
-    offs_m, offs_d, offs_dv, skn, svn, sbm, sbn, Nq, Nk, qk_scale, lo, hi,
+    offs_m, offs_d, offs_dv, b_off, skn, svn, sbn, Nq, Nk, qk_scale, lo, hi,
     BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPB: tl.constexpr,
     HAS_BIAS: tl.constexpr, MM: tl.constexpr, ELT: tl.constexpr, PREC: tl.constexpr,
 ):
     offs_n0 = tl.arange(0, BLOCK_N)
+    kt_off = offs_n0[None, :] * skn + offs_d[:, None]  # (D, BLOCK_N): K^T, offsets inside one tile
+    v_off = offs_n0[:, None] * svn + offs_dv[None, :]  # (BLOCK_N, DV)
     for start_n in range(lo, hi, BLOCK_N):
+        n64 = tl.cast(start_n, tl.int64)
         offs_n = start_n + offs_n0
         n_ok = offs_n < Nk
-        kt_off = offs_n[None, :] * skn + offs_d[:, None]  # (D, BLOCK_N): K^T
-        v_off = offs_n[:, None] * svn + offs_dv[None, :]  # (BLOCK_N, DV)
         if MASK:
-            k1t = tl.load(k1_base + kt_off, mask=n_ok[None, :], other=0.0).to(MM)
-            k2t = tl.load(k2_base + kt_off, mask=n_ok[None, :], other=0.0).to(MM)
-            v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0).to(MM)
+            k1t = tl.load(k1_base + n64 * skn + kt_off, mask=n_ok[None, :], other=0.0).to(MM)
+            k2t = tl.load(k2_base + n64 * skn + kt_off, mask=n_ok[None, :], other=0.0).to(MM)
+            v = tl.load(v_base + n64 * svn + v_off, mask=n_ok[:, None], other=0.0).to(MM)
         else:
-            k1t = tl.load(k1_base + kt_off).to(MM)
-            k2t = tl.load(k2_base + kt_off).to(MM)
-            v = tl.load(v_base + v_off).to(MM)
+            k1t = tl.load(k1_base + n64 * skn + kt_off).to(MM)
+            k2t = tl.load(k2_base + n64 * skn + kt_off).to(MM)
+            v = tl.load(v_base + n64 * svn + v_off).to(MM)
         s1 = tl.dot(q1, k1t, input_precision=PREC) * qk_scale  # (BLOCK_M, BLOCK_N), log2 units
         s2 = tl.dot(q2, k2t, input_precision=PREC) * qk_scale
         if HAS_KPB:
@@ -114,8 +129,8 @@ def _fwd_loop(
             s1 += kb[None, :]
             s2 += kb[None, :]
         if HAS_BIAS:
-            b_ptrs = bias_base + offs_m[:, None] * sbm + offs_n[None, :] * sbn
-            bt = tl.load(b_ptrs, mask=(offs_m[:, None] < Nq) & n_ok[None, :], other=0.0) * 1.4426950408889634
+            b_mask = (offs_m[:, None] < Nq) & n_ok[None, :]
+            bt = tl.load(bias_base + n64 * sbn + b_off, mask=b_mask, other=0.0) * 1.4426950408889634
             s1 += bt
             s2 += bt
         if MASK:
@@ -126,18 +141,25 @@ def _fwd_loop(
             s2 = tl.where(allowed, s2, float("-inf"))
         m1_new = tl.maximum(m1, tl.max(s1, 1))
         m2_new = tl.maximum(m2, tl.max(s2, 1))
+        # The running maxima keep -inf while a row has seen no allowed key; only the value subtracted
+        # is replaced by 0 then, so that -inf - -inf never makes a NaN. (Storing the 0 as the running
+        # maximum would make every later tile exponentiate against 0 instead of its own maximum.)
         if MASK or HAS_KPB or HAS_BIAS:
-            # a row may have seen no allowed key yet: subtract 0 instead of -inf (no NaN)
-            m1_new = tl.where(m1_new == float("-inf"), 0.0, m1_new)
-            m2_new = tl.where(m2_new == float("-inf"), 0.0, m2_new)
-        p1 = tl.math.exp2(s1 - m1_new[:, None])
-        p2 = tl.math.exp2(s2 - m2_new[:, None])
-        alpha1 = tl.math.exp2(m1 - m1_new)
-        alpha2 = tl.math.exp2(m2 - m2_new)
+            m1_sub = tl.where(m1_new == float("-inf"), 0.0, m1_new)
+            m2_sub = tl.where(m2_new == float("-inf"), 0.0, m2_new)
+        else:
+            m1_sub = m1_new
+            m2_sub = m2_new
+        p1 = tl.math.exp2(s1 - m1_sub[:, None])
+        p2 = tl.math.exp2(s2 - m2_sub[:, None])
+        alpha1 = tl.math.exp2(m1 - m1_sub)
+        alpha2 = tl.math.exp2(m2 - m2_sub)
         l1 = l1 * alpha1 + tl.sum(p1, 1)
         l2 = l2 * alpha2 + tl.sum(p2, 1)
-        acc1 = acc1 * alpha1[:, None] + tl.dot(p1.to(ELT).to(MM), v, input_precision=PREC)
-        acc2 = acc2 * alpha2[:, None] + tl.dot(p2.to(ELT).to(MM), v, input_precision=PREC)
+        pv1 = tl.dot(p1.to(ELT).to(MM), v, input_precision=PREC)
+        pv2 = tl.dot(p2.to(ELT).to(MM), v, input_precision=PREC)
+        acc1 = acc1 * alpha1[:, None] + pv1
+        acc2 = acc2 * alpha2[:, None] + pv2
         m1 = m1_new
         m2 = m2_new
     return acc1, acc2, l1, l2, m1, m2
@@ -152,38 +174,40 @@ def _fwd_loop(
 def _fwd_kernel(
     Q, K, V, LAM, KPB, BIAS, OUT, PARTS, LSE,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, skpb, sbb, sbh, sbm, sbn,
-    H, G, Nq, Nk, qk_scale,
+    H, G, Nq, Nk, qk_scale, NQ_BUCKET, NK_BUCKET,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPB: tl.constexpr, HAS_BIAS: tl.constexpr, SAVE_PARTS: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
+    """One block of ``BLOCK_M`` query rows of one differential head. ``N*_BUCKET`` only key the autotuner."""
     ELT: tl.constexpr = Q.dtype.element_ty
     # operand type of the products: fp32 in the interpreter, whose bf16 product is wrong
     if UPCAST:
         MM: tl.constexpr = tl.float32
     else:
         MM: tl.constexpr = ELT  # type: ignore[no-redef]
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    _, start_m, pid_bh = _program_tile(Nq, BLOCK_M)
     b = pid_bh // H
     h = pid_bh % H
     g = h // G
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m64 = tl.cast(start_m, tl.int64)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
     m_ok = offs_m < Nq
 
-    q_off = offs_m[:, None] * sqn + offs_d[None, :]
-    q1_base = Q + b * sqb + (2 * h) * sqh
+    q_off = offs_m0[:, None] * sqn + offs_d[None, :]
+    q1_base = Q + b * sqb + (2 * h) * sqh + m64 * sqn
     q1 = tl.load(q1_base + q_off, mask=m_ok[:, None], other=0.0).to(MM)
     q2 = tl.load(q1_base + sqh + q_off, mask=m_ok[:, None], other=0.0).to(MM)
     k1_base = K + b * skb + (2 * g) * skh
     k2_base = k1_base + skh
     v_base = V + b * svb + g * svh
     kpb_base = KPB + b * skpb
-    bias_base = BIAS + b * sbb + h * sbh
+    bias_base = BIAS + b * sbb + h * sbh + m64 * sbm
 
+    b_off = offs_m0[:, None] * sbm + tl.arange(0, BLOCK_N)[None, :] * sbn  # bias tile, inside one tile
     acc1 = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, DV], dtype=tl.float32)
     l1 = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -194,12 +218,12 @@ def _fwd_kernel(
     full_end, hi = _query_tile_bounds(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     acc1, acc2, l1, l2, m1, m2 = _fwd_loop(
         acc1, acc2, l1, l2, m1, m2, q1, q2, k1_base, k2_base, v_base, kpb_base, bias_base,
-        offs_m, offs_d, offs_dv, skn, svn, sbm, sbn, Nq, Nk, qk_scale, 0, full_end,
+        offs_m, offs_d, offs_dv, b_off, skn, svn, sbn, Nq, Nk, qk_scale, 0, full_end,
         BLOCK_N, False, CAUSAL, HAS_KPB, HAS_BIAS, MM, ELT, PREC,
     )
     acc1, acc2, l1, l2, m1, m2 = _fwd_loop(
         acc1, acc2, l1, l2, m1, m2, q1, q2, k1_base, k2_base, v_base, kpb_base, bias_base,
-        offs_m, offs_d, offs_dv, skn, svn, sbm, sbn, Nq, Nk, qk_scale, full_end, hi,
+        offs_m, offs_d, offs_dv, b_off, skn, svn, sbn, Nq, Nk, qk_scale, full_end, hi,
         BLOCK_N, True, CAUSAL, HAS_KPB, HAS_BIAS, MM, ELT, PREC,
     )
 
@@ -210,16 +234,17 @@ def _fwd_kernel(
     o2 = acc2 / l2_safe[:, None]
     lam = tl.load(LAM)
     out = o1 - lam * o2
-    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * son + offs_dv[None, :], out.to(OUT.dtype.element_ty),
-             mask=m_ok[:, None])
+    o_ptrs = OUT + b * sob + h * soh + m64 * son + (offs_m0[:, None] * son + offs_dv[None, :])
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=m_ok[:, None])
     lse_base = LSE + pid_bh * 2 * Nq
     tl.store(lse_base + offs_m, tl.where(l1 > 0.0, m1 + tl.math.log2(l1_safe), float("inf")), mask=m_ok)
     tl.store(lse_base + Nq + offs_m, tl.where(l2 > 0.0, m2 + tl.math.log2(l2_safe), float("inf")), mask=m_ok)
     if SAVE_PARTS:
-        p_base = PARTS + pid_bh * 2 * Nq * DV
-        p_off = offs_m[:, None] * DV + offs_dv[None, :]
-        tl.store(p_base + p_off, o1.to(PARTS.dtype.element_ty), mask=m_ok[:, None])
-        tl.store(p_base + Nq * DV + p_off, o2.to(PARTS.dtype.element_ty), mask=m_ok[:, None])
+        p_off = offs_m0[:, None] * DV + offs_dv[None, :]
+        p1_base = PARTS + (pid_bh * 2) * Nq * DV + m64 * DV
+        p2_base = PARTS + (pid_bh * 2 + 1) * Nq * DV + m64 * DV
+        tl.store(p1_base + p_off, o1.to(PARTS.dtype.element_ty), mask=m_ok[:, None])
+        tl.store(p2_base + p_off, o2.to(PARTS.dtype.element_ty), mask=m_ok[:, None])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -233,19 +258,21 @@ def _bwd_delta_kernel(
     DV: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """``D1 = rowsum(dO * O1)``, ``D2 = rowsum(dO * O2)`` in fp32, stored as ``(B, H, 2, Nq)``."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    _, start_m, pid_bh = _program_tile(Nq, BLOCK_M)
     b = pid_bh // H
     h = pid_bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m64 = tl.cast(start_m, tl.int64)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_dv = tl.arange(0, DV)
     m_ok = offs_m < Nq
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdon + offs_dv[None, :], mask=m_ok[:, None],
-                 other=0.0).to(tl.float32)
-    p_base = PARTS + pid_bh * 2 * Nq * DV
-    p_off = offs_m[:, None] * DV + offs_dv[None, :]
-    o1 = tl.load(p_base + p_off, mask=m_ok[:, None], other=0.0).to(tl.float32)
-    o2 = tl.load(p_base + Nq * DV + p_off, mask=m_ok[:, None], other=0.0).to(tl.float32)
+    do_ptrs = DO + b * sdob + h * sdoh + m64 * sdon + (offs_m0[:, None] * sdon + offs_dv[None, :])
+    do = tl.load(do_ptrs, mask=m_ok[:, None], other=0.0).to(tl.float32)
+    p_off = offs_m0[:, None] * DV + offs_dv[None, :]
+    p1_base = PARTS + (pid_bh * 2) * Nq * DV + m64 * DV
+    p2_base = PARTS + (pid_bh * 2 + 1) * Nq * DV + m64 * DV
+    o1 = tl.load(p1_base + p_off, mask=m_ok[:, None], other=0.0).to(tl.float32)
+    o2 = tl.load(p2_base + p_off, mask=m_ok[:, None], other=0.0).to(tl.float32)
     d_base = DELTA + pid_bh * 2 * Nq
     tl.store(d_base + offs_m, tl.sum(do * o1, 1), mask=m_ok)
     tl.store(d_base + Nq + offs_m, tl.sum(do * o2, 1), mask=m_ok)
@@ -255,19 +282,23 @@ def _bwd_delta_kernel(
 def _bwd_kv_loop(
     dk1, dk2, dv, k1, k2, v, kb, lam,
     q1_base, q2_base, do_base, lse_base, delta_base, bias_base, dq1_base, dq2_base,
-    offs_n, offs_d, offs_dv, sqn, sdon, sdqn, sbm, sbn, Nq, Nk, qk_scale, scale, lo, hi,
-    BLOCK_M: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPB: tl.constexpr,
+    offs_n, offs_n0, offs_d, offs_dv, sqn, sdon, sbm, sbn, Nq, Nk, qk_scale, scale, lo, hi,
+    BLOCK_M: tl.constexpr, D: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPB: tl.constexpr,
     HAS_BIAS: tl.constexpr, DQ_ATOMIC: tl.constexpr, MM: tl.constexpr, ELT: tl.constexpr, PREC: tl.constexpr,
 ):
     offs_m0 = tl.arange(0, BLOCK_M)
     n_ok = offs_n < Nk
+    q_off = offs_m0[:, None] * sqn + offs_d[None, :]
+    do_off = offs_m0[:, None] * sdon + offs_dv[None, :]
+    dq_off = offs_m0[:, None] * D + offs_d[None, :]
+    b_off = offs_m0[None, :] * sbm + offs_n0[:, None] * sbn
     for start_m in range(lo, hi, BLOCK_M):
+        m64 = tl.cast(start_m, tl.int64)
         offs_m = start_m + offs_m0
         m_ok = offs_m < Nq
-        q_off = offs_m[:, None] * sqn + offs_d[None, :]
-        q1 = tl.load(q1_base + q_off, mask=m_ok[:, None], other=0.0).to(MM)
-        q2 = tl.load(q2_base + q_off, mask=m_ok[:, None], other=0.0).to(MM)
-        do = tl.load(do_base + offs_m[:, None] * sdon + offs_dv[None, :], mask=m_ok[:, None], other=0.0).to(MM)
+        q1 = tl.load(q1_base + m64 * sqn + q_off, mask=m_ok[:, None], other=0.0).to(MM)
+        q2 = tl.load(q2_base + m64 * sqn + q_off, mask=m_ok[:, None], other=0.0).to(MM)
+        do = tl.load(do_base + m64 * sdon + do_off, mask=m_ok[:, None], other=0.0).to(MM)
         # rows outside Nq get lse = +inf, so their recomputed probabilities are 0
         lse1 = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
         lse2 = tl.load(lse_base + Nq + offs_m, mask=m_ok, other=float("inf"))
@@ -280,10 +311,9 @@ def _bwd_kv_loop(
             s1 += kb[:, None]
             s2 += kb[:, None]
         if HAS_BIAS:
-            b_ptrs = bias_base + offs_m[None, :] * sbm + offs_n[:, None] * sbn
-            bt = tl.load(b_ptrs, mask=m_ok[None, :] & n_ok[:, None], other=0.0) * 1.4426950408889634
-            s1 += bt
-            s2 += bt
+            bt = tl.load(bias_base + m64 * sbm + b_off, mask=m_ok[None, :] & n_ok[:, None], other=0.0)
+            s1 += bt * 1.4426950408889634
+            s2 += bt * 1.4426950408889634
         if MASK:
             allowed = n_ok[:, None]
             if CAUSAL:
@@ -299,26 +329,27 @@ def _bwd_kv_loop(
         dk1 += tl.dot(ds1.to(ELT).to(MM), q1, input_precision=PREC)
         dk2 += tl.dot(ds2.to(ELT).to(MM), q2, input_precision=PREC)
         if DQ_ATOMIC:
-            dq_off = offs_m[:, None] * sdqn + offs_d[None, :]
             dq1 = tl.dot(tl.trans(ds1.to(ELT).to(MM)), k1, input_precision=PREC) * scale
             dq2 = tl.dot(tl.trans(ds2.to(ELT).to(MM)), k2, input_precision=PREC) * scale
-            tl.atomic_add(dq1_base + dq_off, dq1, mask=m_ok[:, None])
-            tl.atomic_add(dq2_base + dq_off, dq2, mask=m_ok[:, None])
+            # relaxed: the sums need no ordering with other memory operations (acq_rel would put a
+            # GPU-wide fence around every add of the innermost loop)
+            tl.atomic_add(dq1_base + m64 * D + dq_off, dq1, mask=m_ok[:, None], sem="relaxed")
+            tl.atomic_add(dq2_base + m64 * D + dq_off, dq2, mask=m_ok[:, None], sem="relaxed")
     return dk1, dk2, dv
 
 
 @triton.jit
 def _bwd_kv_kernel(
-    Q, K, V, LAM, KPB, BIAS, DO, LSE, DELTA, DQ, DK, DV,
+    Q, K, V, LAM, KPB, BIAS, DO, LSE, DELTA, DQ, DK, DVG,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, skpb, sbb, sbh, sbm, sbn,
-    H, Hkv, G, Nq, Nk, qk_scale, scale,
-    D: tl.constexpr, DV_: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    H, Hkv, G, Nq, Nk, qk_scale, scale, NQ_BUCKET, NK_BUCKET,
+    D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPB: tl.constexpr, HAS_BIAS: tl.constexpr, DQ_ATOMIC: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
     """dK1, dK2, dV of one key tile of one key/value group (and dQ by atomics if DQ_ATOMIC).
 
-    ``DK`` is ``(B, 2Hkv, Nk, D)``, ``DV`` ``(B, Hkv, Nk, DV)``, ``DQ`` fp32 ``(B, 2H, Nq, D)``, contiguous.
+    ``DK`` is ``(B, 2Hkv, Nk, D)``, ``DVG`` ``(B, Hkv, Nk, DV)``, ``DQ`` fp32 ``(B, 2H, Nq, D)``, contiguous.
     """
     ELT: tl.constexpr = Q.dtype.element_ty
     # operand type of the products: fp32 in the interpreter, whose bf16 product is wrong
@@ -326,21 +357,21 @@ def _bwd_kv_kernel(
         MM: tl.constexpr = tl.float32
     else:
         MM: tl.constexpr = ELT  # type: ignore[no-redef]
-    pid_n = tl.program_id(0)
-    pid_bg = tl.program_id(1).to(tl.int64)
+    _, start_n, pid_bg = _program_tile(Nk, BLOCK_N)
     b = pid_bg // Hkv
     g = pid_bg % Hkv
-    start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n64 = tl.cast(start_n, tl.int64)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_n = start_n + offs_n0
     offs_d = tl.arange(0, D)
-    offs_dv = tl.arange(0, DV_)
+    offs_dv = tl.arange(0, DV)
     n_ok = offs_n < Nk
 
-    k_off = offs_n[:, None] * skn + offs_d[None, :]
-    k1_base = K + b * skb + (2 * g) * skh
+    k_off = offs_n0[:, None] * skn + offs_d[None, :]
+    k1_base = K + b * skb + (2 * g) * skh + n64 * skn
     k1 = tl.load(k1_base + k_off, mask=n_ok[:, None], other=0.0).to(MM)
     k2 = tl.load(k1_base + skh + k_off, mask=n_ok[:, None], other=0.0).to(MM)
-    v_ptrs = V + b * svb + g * svh + offs_n[:, None] * svn + offs_dv[None, :]
+    v_ptrs = V + b * svb + g * svh + n64 * svn + (offs_n0[:, None] * svn + offs_dv[None, :])
     v = tl.load(v_ptrs, mask=n_ok[:, None], other=0.0).to(MM)
     if HAS_KPB:
         kb = tl.load(KPB + b * skpb + offs_n, mask=n_ok, other=float("-inf")) * 1.4426950408889634
@@ -350,7 +381,7 @@ def _bwd_kv_kernel(
 
     dk1 = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dk2 = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, DV_], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, DV], dtype=tl.float32)
 
     # query tiles [m_lo, m_mid) need the causal / key-bounds mask, [m_mid, Nq) do not
     if CAUSAL:
@@ -373,52 +404,54 @@ def _bwd_kv_kernel(
         do_base = DO + b * sdob + h * sdoh
         lse_base = LSE + bh * 2 * Nq
         delta_base = DELTA + bh * 2 * Nq
-        bias_base = BIAS + b * sbb + h * sbh
+        bias_base = BIAS + b * sbb + h * sbh + n64 * sbn
         dq1_base = DQ + (b * 2 * H + 2 * h) * Nq * D
-        dq2_base = dq1_base + Nq * D
+        dq2_base = DQ + (b * 2 * H + 2 * h + 1) * Nq * D
         dk1, dk2, dv = _bwd_kv_loop(
             dk1, dk2, dv, k1, k2, v, kb, lam,
             q1_base, q2_base, do_base, lse_base, delta_base, bias_base, dq1_base, dq2_base,
-            offs_n, offs_d, offs_dv, sqn, sdon, D, sbm, sbn, Nq, Nk, qk_scale, scale, m_lo, m_mid_c,
-            BLOCK_M, True, CAUSAL, HAS_KPB, HAS_BIAS, DQ_ATOMIC, MM, ELT, PREC,
+            offs_n, offs_n0, offs_d, offs_dv, sqn, sdon, sbm, sbn, Nq, Nk, qk_scale, scale, m_lo, m_mid_c,
+            BLOCK_M, D, True, CAUSAL, HAS_KPB, HAS_BIAS, DQ_ATOMIC, MM, ELT, PREC,
         )
         dk1, dk2, dv = _bwd_kv_loop(
             dk1, dk2, dv, k1, k2, v, kb, lam,
             q1_base, q2_base, do_base, lse_base, delta_base, bias_base, dq1_base, dq2_base,
-            offs_n, offs_d, offs_dv, sqn, sdon, D, sbm, sbn, Nq, Nk, qk_scale, scale, m_mid_c, Nq,
-            BLOCK_M, False, CAUSAL, HAS_KPB, HAS_BIAS, DQ_ATOMIC, MM, ELT, PREC,
+            offs_n, offs_n0, offs_d, offs_dv, sqn, sdon, sbm, sbn, Nq, Nk, qk_scale, scale, m_mid_c, Nq,
+            BLOCK_M, D, False, CAUSAL, HAS_KPB, HAS_BIAS, DQ_ATOMIC, MM, ELT, PREC,
         )
 
-    dk_off = offs_n[:, None] * D + offs_d[None, :]
-    dk1_base = DK + (b * 2 * Hkv + 2 * g) * Nk * D
+    dk_off = offs_n0[:, None] * D + offs_d[None, :]
+    dk1_base = DK + (b * 2 * Hkv + 2 * g) * Nk * D + n64 * D
+    dk2_base = DK + (b * 2 * Hkv + 2 * g + 1) * Nk * D + n64 * D
     tl.store(dk1_base + dk_off, (dk1 * scale).to(DK.dtype.element_ty), mask=n_ok[:, None])
-    tl.store(dk1_base + Nk * D + dk_off, (dk2 * scale).to(DK.dtype.element_ty), mask=n_ok[:, None])
-    dv_ptrs = DV + (b * Hkv + g) * Nk * DV_ + offs_n[:, None] * DV_ + offs_dv[None, :]
-    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok[:, None])
+    tl.store(dk2_base + dk_off, (dk2 * scale).to(DK.dtype.element_ty), mask=n_ok[:, None])
+    dv_ptrs = DVG + (b * Hkv + g) * Nk * DV + n64 * DV + (offs_n0[:, None] * DV + offs_dv[None, :])
+    tl.store(dv_ptrs, dv.to(DVG.dtype.element_ty), mask=n_ok[:, None])
 
 
 @triton.jit
 def _bwd_q_loop(
     dq1, dq2, q1, q2, do, lse1, lse2, dl1, dl2, lam,
     k1_base, k2_base, v_base, kpb_base, bias_base,
-    offs_m, offs_d, offs_dv, skn, svn, sbm, sbn, Nq, Nk, qk_scale, lo, hi,
+    offs_m, offs_d, offs_dv, b_off, skn, svn, sbn, Nq, Nk, qk_scale, lo, hi,
     BLOCK_N: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPB: tl.constexpr,
     HAS_BIAS: tl.constexpr, MM: tl.constexpr, ELT: tl.constexpr, PREC: tl.constexpr,
 ):
     offs_n0 = tl.arange(0, BLOCK_N)
+    k_off = offs_n0[:, None] * skn + offs_d[None, :]
+    v_off = offs_n0[:, None] * svn + offs_dv[None, :]
     for start_n in range(lo, hi, BLOCK_N):
+        n64 = tl.cast(start_n, tl.int64)
         offs_n = start_n + offs_n0
         n_ok = offs_n < Nk
-        k_off = offs_n[:, None] * skn + offs_d[None, :]
-        v_off = offs_n[:, None] * svn + offs_dv[None, :]
         if MASK:
-            k1 = tl.load(k1_base + k_off, mask=n_ok[:, None], other=0.0).to(MM)
-            k2 = tl.load(k2_base + k_off, mask=n_ok[:, None], other=0.0).to(MM)
-            v = tl.load(v_base + v_off, mask=n_ok[:, None], other=0.0).to(MM)
+            k1 = tl.load(k1_base + n64 * skn + k_off, mask=n_ok[:, None], other=0.0).to(MM)
+            k2 = tl.load(k2_base + n64 * skn + k_off, mask=n_ok[:, None], other=0.0).to(MM)
+            v = tl.load(v_base + n64 * svn + v_off, mask=n_ok[:, None], other=0.0).to(MM)
         else:
-            k1 = tl.load(k1_base + k_off).to(MM)
-            k2 = tl.load(k2_base + k_off).to(MM)
-            v = tl.load(v_base + v_off).to(MM)
+            k1 = tl.load(k1_base + n64 * skn + k_off).to(MM)
+            k2 = tl.load(k2_base + n64 * skn + k_off).to(MM)
+            v = tl.load(v_base + n64 * svn + v_off).to(MM)
         s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale
         s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale
         if HAS_KPB:
@@ -426,8 +459,8 @@ def _bwd_q_loop(
             s1 += kb[None, :]
             s2 += kb[None, :]
         if HAS_BIAS:
-            b_ptrs = bias_base + offs_m[:, None] * sbm + offs_n[None, :] * sbn
-            bt = tl.load(b_ptrs, mask=(offs_m[:, None] < Nq) & n_ok[None, :], other=0.0) * 1.4426950408889634
+            b_mask = (offs_m[:, None] < Nq) & n_ok[None, :]
+            bt = tl.load(bias_base + n64 * sbn + b_off, mask=b_mask, other=0.0) * 1.4426950408889634
             s1 += bt
             s2 += bt
         if MASK:
@@ -450,34 +483,34 @@ def _bwd_q_loop(
 def _bwd_q_kernel(
     Q, K, V, LAM, KPB, BIAS, DO, LSE, DELTA, DQ,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, skpb, sbb, sbh, sbm, sbn,
-    H, G, Nq, Nk, qk_scale, scale,
+    H, G, Nq, Nk, qk_scale, scale, NQ_BUCKET, NK_BUCKET,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPB: tl.constexpr, HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Deterministic dQ1, dQ2 of one query tile of one differential head; ``DQ`` is contiguous."""
+    """dQ1, dQ2 of one query tile of one differential head, without atomics; ``DQ`` is contiguous."""
     ELT: tl.constexpr = Q.dtype.element_ty
     # operand type of the products: fp32 in the interpreter, whose bf16 product is wrong
     if UPCAST:
         MM: tl.constexpr = tl.float32
     else:
         MM: tl.constexpr = ELT  # type: ignore[no-redef]
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    _, start_m, pid_bh = _program_tile(Nq, BLOCK_M)
     b = pid_bh // H
     h = pid_bh % H
     g = h // G
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m64 = tl.cast(start_m, tl.int64)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_d = tl.arange(0, D)
     offs_dv = tl.arange(0, DV)
     m_ok = offs_m < Nq
 
-    q_off = offs_m[:, None] * sqn + offs_d[None, :]
-    q1_base = Q + b * sqb + (2 * h) * sqh
+    q_off = offs_m0[:, None] * sqn + offs_d[None, :]
+    q1_base = Q + b * sqb + (2 * h) * sqh + m64 * sqn
     q1 = tl.load(q1_base + q_off, mask=m_ok[:, None], other=0.0).to(MM)
     q2 = tl.load(q1_base + sqh + q_off, mask=m_ok[:, None], other=0.0).to(MM)
-    do_ptrs = DO + b * sdob + h * sdoh + offs_m[:, None] * sdon + offs_dv[None, :]
+    do_ptrs = DO + b * sdob + h * sdoh + m64 * sdon + (offs_m0[:, None] * sdon + offs_dv[None, :])
     do = tl.load(do_ptrs, mask=m_ok[:, None], other=0.0).to(MM)
     lse_base = LSE + pid_bh * 2 * Nq
     lse1 = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
@@ -490,96 +523,161 @@ def _bwd_q_kernel(
     k2_base = k1_base + skh
     v_base = V + b * svb + g * svh
     kpb_base = KPB + b * skpb
-    bias_base = BIAS + b * sbb + h * sbh
+    bias_base = BIAS + b * sbb + h * sbh + m64 * sbm
 
+    b_off = offs_m0[:, None] * sbm + tl.arange(0, BLOCK_N)[None, :] * sbn  # bias tile, inside one tile
     dq1 = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     dq2 = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     full_end, hi = _query_tile_bounds(start_m, Nq, Nk, BLOCK_M, BLOCK_N, CAUSAL)
     dq1, dq2 = _bwd_q_loop(
         dq1, dq2, q1, q2, do, lse1, lse2, dl1, dl2, lam, k1_base, k2_base, v_base, kpb_base, bias_base,
-        offs_m, offs_d, offs_dv, skn, svn, sbm, sbn, Nq, Nk, qk_scale, 0, full_end,
+        offs_m, offs_d, offs_dv, b_off, skn, svn, sbn, Nq, Nk, qk_scale, 0, full_end,
         BLOCK_N, False, CAUSAL, HAS_KPB, HAS_BIAS, MM, ELT, PREC,
     )
     dq1, dq2 = _bwd_q_loop(
         dq1, dq2, q1, q2, do, lse1, lse2, dl1, dl2, lam, k1_base, k2_base, v_base, kpb_base, bias_base,
-        offs_m, offs_d, offs_dv, skn, svn, sbm, sbn, Nq, Nk, qk_scale, full_end, hi,
+        offs_m, offs_d, offs_dv, b_off, skn, svn, sbn, Nq, Nk, qk_scale, full_end, hi,
         BLOCK_N, True, CAUSAL, HAS_KPB, HAS_BIAS, MM, ELT, PREC,
     )
-    dq_off = offs_m[:, None] * D + offs_d[None, :]
-    dq1_base = DQ + (b * 2 * H + 2 * h) * Nq * D
+    dq_off = offs_m0[:, None] * D + offs_d[None, :]
+    dq1_base = DQ + (b * 2 * H + 2 * h) * Nq * D + m64 * D
+    dq2_base = DQ + (b * 2 * H + 2 * h + 1) * Nq * D + m64 * D
     tl.store(dq1_base + dq_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
-    tl.store(dq1_base + Nq * D + dq_off, (dq2 * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
+    tl.store(dq2_base + dq_off, (dq2 * scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
 
 
 # --------------------------------------------------------------------------------------------------
-# Launch configurations. On CUDA the block sizes are autotuned over short lists per head width. The
-# candidates were chosen from ptxas register / spill reports of sm_90a builds made without a GPU (the
-# forward holds two accumulators of width 2d, the register state of standard attention at width 4d);
-# they have not been timed. Each list ends with a small configuration that fits any supported width.
-# In the interpreter the block sizes are fixed.
+# Launch configurations
+#
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, target family and head width (d <= 64 and
+# 64 < d <= 128). BLOCK_M counts query rows and BLOCK_N key rows in every kernel. The lists were chosen
+# from the static build report (``python -m benchmarks.kernels --static``, which compiles each entry
+# exactly as a launch specialises it, for sm_90a and sm_80, and reads registers, spills, shared memory,
+# the MMA instruction of every product, replicated score tiles, pipelining and atomic semantics); the
+# rules and the exceptions are in docs/kernels.md, and tests/test_triton_static.py re-checks them. On
+# CUDA the autotuner times the list of the device's family; the first entry is the pinned configuration,
+# used without timing when deterministic algorithms are enabled, so that results are bit-identical
+# across processes. In the interpreter the block sizes are fixed (64, or the test hook's).
 # --------------------------------------------------------------------------------------------------
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) for head widths d <= 64 and 64 < d <= 128
-_FWD_CONFIGS = {
-    64: [(64, 64, 8, 3), (128, 32, 8, 2), (128, 64, 8, 3), (64, 32, 4, 2), (32, 32, 4, 1)],
-    128: [(64, 64, 8, 2), (64, 32, 8, 2), (64, 64, 8, 3), (32, 32, 4, 1)],
+Config = tuple[int, int, int, int]
+CONFIGS: dict[str, dict[str, dict[int, list[Config]]]] = {
+    "fwd": {
+        "sm90": {64: [(64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2)], 128: [(64, 64, 4, 2), (64, 32, 4, 2)]},
+        "sm80": {64: [(64, 64, 4, 3), (128, 64, 8, 2)], 128: [(64, 64, 4, 2), (64, 32, 4, 2)]},
+    },
+    "bwd_kv": {
+        "sm90": {64: [(32, 64, 4, 2), (64, 64, 4, 2)], 128: [(32, 64, 8, 2), (16, 64, 8, 2)]},
+        "sm80": {64: [(32, 64, 4, 2), (64, 64, 8, 2)], 128: [(16, 64, 8, 1), (32, 64, 8, 1)]},
+    },
+    "bwd_q": {
+        "sm90": {64: [(64, 64, 4, 2), (128, 64, 8, 2)], 128: [(64, 32, 4, 2), (64, 64, 4, 2)]},
+        "sm80": {64: [(64, 64, 4, 2), (128, 64, 8, 2)], 128: [(64, 32, 4, 2), (64, 64, 8, 2)]},
+    },
 }
-_BWD_KV_CONFIGS = {
-    64: [(16, 64, 8, 1), (32, 32, 8, 1), (32, 64, 8, 1), (32, 64, 8, 2), (16, 32, 4, 1)],
-    128: [(16, 32, 8, 1), (32, 32, 8, 1), (16, 64, 8, 1), (16, 32, 4, 1)],
-}
-_BWD_Q_CONFIGS = {
-    64: [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (32, 32, 4, 1)],
-    128: [(32, 64, 8, 2), (64, 32, 8, 2), (32, 32, 4, 1)],
-}
-_TUNE_KEY = ["D", "CAUSAL", "HAS_KPB", "HAS_BIAS"]
+KERNELS = {"fwd": _fwd_kernel, "bwd_kv": _bwd_kv_kernel, "bwd_q": _bwd_q_kernel}
+# Autotuning key: the compile-time flags and the sequence lengths in powers of two, so that a new length
+# bucket is timed again while a kv-cache that grows by one token is not.
+TUNE_KEY = ["D", "DV", "CAUSAL", "HAS_KPB", "HAS_BIAS", "NQ_BUCKET", "NK_BUCKET"]
+MAX_TILE = 128  # the largest BLOCK_M / BLOCK_N of any configuration (bounds the 32-bit in-tile offsets)
+_INT32_MAX = 2**31 - 1
 
 
-def _autotune(table: dict, key: list, **kwargs):
-    union = sorted({c for cs in table.values() for c in cs})
+def width_bucket(d: int) -> int:
+    return 64 if d <= 64 else 128
+
+
+def target_family(capability: tuple[int, int]) -> str:
+    """Configuration family of a CUDA compute capability: Hopper's tables, or the Ampere ones for others."""
+    return "sm90" if capability[0] == 9 else "sm80"
+
+
+def length_bucket(n: int) -> int:
+    return min(max(16, triton.next_power_of_2(max(n, 1))), 1 << 16)
+
+
+def _device_family() -> str:
+    return target_family(torch.cuda.get_device_capability())
+
+
+def _autotune(kind: str, **kwargs):
+    table = CONFIGS[kind]
+    union = sorted({c for fam in table.values() for cs in fam.values() for c in cs})
     configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in union]
 
     def prune(configs, named_args, **kw):
         d = kw.get("D", named_args.get("D"))
-        allowed = set(table[64 if d <= 64 else 128])
-        kept = [
-            c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in allowed
-        ]
-        return kept or configs
+        allowed = table[_device_family()][width_bucket(d)]
+        by_key = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages): c for c in configs}
+        return [by_key[c] for c in allowed]
 
-    return triton.autotune(configs, key=key, prune_configs_by={"early_config_prune": prune}, **kwargs)
+    return triton.autotune(configs, key=TUNE_KEY, prune_configs_by={"early_config_prune": prune}, **kwargs)
 
 
-if INTERPRET:
-    _fwd = _fwd_kernel
-    _bwd_kv = _bwd_kv_kernel
-    _bwd_q = _bwd_q_kernel
-else:  # pragma: no cover - needs a CUDA device
-    _fwd = _autotune(_FWD_CONFIGS, _TUNE_KEY + ["DV"])(_fwd_kernel)
-    _bwd_kv = _autotune(_BWD_KV_CONFIGS, _TUNE_KEY + ["DV_"], reset_to_zero=["DQ"])(_bwd_kv_kernel)
-    _bwd_q = _autotune(_BWD_Q_CONFIGS, _TUNE_KEY + ["DV"])(_bwd_q_kernel)
+# On CUDA the kernels launch through these autotuners; the interpreter and pinned launches bypass them.
+TUNED = {
+    "fwd": _autotune("fwd")(_fwd_kernel),
+    "bwd_kv": _autotune("bwd_kv", reset_to_zero=["DQ"])(_bwd_kv_kernel),
+    "bwd_q": _autotune("bwd_q")(_bwd_q_kernel),
+}
+
+# Test hooks: fill every output buffer with NaN before the kernels write (catches unwritten elements),
+# and force a configuration per kernel (block sizes alone in the interpreter).
+_poison = False
+_forced: dict[str, Config] = {}
 
 
-def _interp_blocks() -> tuple[int, int]:
-    return _forced_blocks or (64, 64)
+@contextlib.contextmanager
+def forced_config(kind: str, config: Config) -> Iterator[None]:
+    """Launch kernel ``kind`` (``"fwd"``, ``"bwd_kv"``, ``"bwd_q"``) with ``config`` alone, untimed.
 
-
-def _block_kwargs() -> dict:
-    if not INTERPRET:
-        return {}
-    bm, bn = _interp_blocks()
-    return {"BLOCK_M": bm, "BLOCK_N": bn}
+    For tests and benchmarks of one configuration; in the interpreter only the block sizes apply.
+    """
+    if kind not in KERNELS:
+        raise ValueError(f"unknown kernel {kind!r}; choose from {sorted(KERNELS)}")
+    old = _forced.get(kind)
+    _forced[kind] = config
+    try:
+        yield
+    finally:
+        if old is None:
+            _forced.pop(kind, None)
+        else:
+            _forced[kind] = old
 
 
 @contextlib.contextmanager
 def _test_blocks(block_m: int, block_n: int) -> Iterator[None]:
-    """Test hook: force interpreter block sizes (powers of two >= 16)."""
-    global _forced_blocks
-    old, _forced_blocks = _forced_blocks, (block_m, block_n)
-    try:
+    """Test hook: the same block sizes for every kernel (powers of two >= 16)."""
+    with contextlib.ExitStack() as stack:
+        for kind in KERNELS:
+            stack.enter_context(forced_config(kind, (block_m, block_n, 4, 1)))
         yield
-    finally:
-        _forced_blocks = old
+
+
+def _interp_blocks() -> tuple[int, int]:
+    return _forced["fwd"][:2] if "fwd" in _forced else (64, 64)
+
+
+def _run_kernel(kernel, grid, args: tuple, kwargs: dict) -> None:
+    """Every launch of this module goes through here (tests record the grids)."""
+    kernel[grid](*args, **kwargs)
+
+
+def _launch(kind: str, grid, args: tuple, consts: dict, deterministic: bool) -> None:
+    config = _forced.get(kind)
+    if INTERPRET:
+        bm, bn = config[:2] if config else (64, 64)
+        _run_kernel(KERNELS[kind], grid, args, dict(consts, BLOCK_M=bm, BLOCK_N=bn))
+        return
+    if config is None and deterministic:
+        config = CONFIGS[kind][_device_family()][width_bucket(consts["D"])][0]
+    if config is None:  # pragma: no cover - needs a CUDA device
+        _run_kernel(TUNED[kind], grid, args, consts)
+    else:  # pragma: no cover - needs a CUDA device
+        bm, bn, warps, stages = config
+        _run_kernel(KERNELS[kind], grid, args, dict(consts, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                                    num_stages=stages))
 
 
 def _alloc(shape, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -588,8 +686,20 @@ def _alloc(shape, dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def tf32_enabled() -> bool:
+    """Whether fp32 CUDA matmuls may use TF32, read through the current precision API.
+
+    ``torch.backends.cuda.matmul.fp32_precision`` also reflects the legacy ``allow_tf32`` flag, while
+    reading the legacy flag raises once the new API has been used.
+    """
+    precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if precision is not None:
+        return precision == "tf32"
+    return bool(torch.backends.cuda.matmul.allow_tf32)  # pragma: no cover - torch without the new API
+
+
 def _precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and not tf32_enabled():
         return "ieee"
     return "tf32"
 
@@ -603,7 +713,7 @@ def _mask_args(kpb: Tensor | None, bias: Tensor | None, dummy: Tensor) -> tuple:
 
 def _forward_impl(
     q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Tensor | None, bias: Tensor | None,
-    causal: bool, scale: float, save_parts: bool,
+    causal: bool, scale: float, save_parts: bool, deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     B, H2, Nq, D = q.shape
     H, Hkv, Nk, DV = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
@@ -613,15 +723,18 @@ def _forward_impl(
     if out.numel() == 0:
         return out, parts, lse
     kpb_t, skpb, bias_t, sb = _mask_args(kpb, bias, lse)
-    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * H)  # noqa: E731
-    _fwd[grid](
+    args = (
         q, k, v, lam, kpb_t, bias_t, out, parts, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), skpb, *sb,
-        H, H // Hkv, Nq, Nk, scale * _LOG2E,
-        D=D, DV=DV, CAUSAL=causal, HAS_KPB=kpb is not None, HAS_BIAS=bias is not None, SAVE_PARTS=save_parts,
-        UPCAST=INTERPRET, PREC=_precision(q.dtype), **_block_kwargs(),
+        H, H // Hkv, Nq, Nk, scale * _LOG2E, length_bucket(Nq), length_bucket(Nk),
     )
+    consts = dict(
+        D=D, DV=DV, CAUSAL=causal, HAS_KPB=kpb is not None, HAS_BIAS=bias is not None, SAVE_PARTS=save_parts,
+        UPCAST=INTERPRET, PREC=_precision(q.dtype),
+    )
+    grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)  # noqa: E731
+    _launch("fwd", grid, args, consts, deterministic)
     return out, parts, lse
 
 
@@ -632,17 +745,20 @@ def _backward_impl(
     B, H2, Nq, D = q.shape
     H, Hkv, Nk, DV = H2 // 2, v.shape[1], k.shape[2], v.shape[-1]
     G = H // Hkv
-    if dout.stride(-1) != 1:
+    if q.numel() == 0 or k.numel() == 0:
+        # gradients are returned contiguous, as the kernels write them (the fake kernel says so too)
+        zeros = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v, lam)]
+        return zeros[0], zeros[1], zeros[2], zeros[3]
+    if dout.stride(-1) != 1 or dout.stride(2) * MAX_TILE > _INT32_MAX:
         dout = dout.contiguous()
     dk = _alloc((B, 2 * Hkv, Nk, D), k.dtype, k.device)
     dv = _alloc((B, Hkv, Nk, DV), v.dtype, v.device)
-    if q.numel() == 0 or k.numel() == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lam)
     delta = _alloc((B, H, 2, Nq), torch.float32, q.device)
     # about 4K elements per tile and operand keeps the three fp32 tiles in registers
     bm_delta = _interp_blocks()[0] if INTERPRET else max(16, 4096 // DV)
-    _bwd_delta_kernel[(triton.cdiv(Nq, bm_delta), B * H)](
-        dout, parts, delta, dout.stride(0), dout.stride(1), dout.stride(2), H, Nq, DV=DV, BLOCK_M=bm_delta,
+    _run_kernel(
+        _bwd_delta_kernel, (triton.cdiv(Nq, bm_delta) * B * H,),
+        (dout, parts, delta, dout.stride(0), dout.stride(1), dout.stride(2), H, Nq), dict(DV=DV, BLOCK_M=bm_delta),
     )
     dlam = -delta[:, :, 1].sum()
     kpb_t, skpb, bias_t, sb = _mask_args(kpb, bias, delta)
@@ -650,25 +766,30 @@ def _backward_impl(
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), dout.stride(0), dout.stride(1), dout.stride(2), skpb, *sb,
     )
-    flags = dict(
-        CAUSAL=causal, HAS_KPB=kpb is not None, HAS_BIAS=bias is not None, UPCAST=INTERPRET,
-        PREC=_precision(q.dtype), **_block_kwargs(),
+    buckets = (length_bucket(Nq), length_bucket(Nk))
+    consts = dict(
+        D=D, DV=DV, CAUSAL=causal, HAS_KPB=kpb is not None, HAS_BIAS=bias is not None, UPCAST=INTERPRET,
+        PREC=_precision(q.dtype),
     )
     if deterministic:
         dq = _alloc(q.shape, q.dtype, q.device)
-        dq_acc = torch.zeros(1, dtype=torch.float32, device=q.device)  # unused (the autotuner zeroes it)
+        dq_acc = torch.zeros(1, dtype=torch.float32, device=q.device)  # unused
     else:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    grid_kv = lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]), B * Hkv)  # noqa: E731
-    _bwd_kv[grid_kv](
-        q, k, v, lam, kpb_t, bias_t, dout, lse, delta, dq_acc, dk, dv, *strides,
-        H, Hkv, G, Nq, Nk, scale * _LOG2E, scale, D=D, DV_=DV, DQ_ATOMIC=not deterministic, **flags,
+    grid_kv = lambda meta: (triton.cdiv(Nk, meta["BLOCK_N"]) * B * Hkv,)  # noqa: E731
+    _launch(
+        "bwd_kv", grid_kv,
+        (q, k, v, lam, kpb_t, bias_t, dout, lse, delta, dq_acc, dk, dv, *strides,
+         H, Hkv, G, Nq, Nk, scale * _LOG2E, scale, *buckets),
+        dict(consts, DQ_ATOMIC=not deterministic), deterministic,
     )
     if deterministic:
-        grid_q = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * H)  # noqa: E731
-        _bwd_q[grid_q](
-            q, k, v, lam, kpb_t, bias_t, dout, lse, delta, dq, *strides,
-            H, G, Nq, Nk, scale * _LOG2E, scale, D=D, DV=DV, **flags,
+        grid_q = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)  # noqa: E731
+        _launch(
+            "bwd_q", grid_q,
+            (q, k, v, lam, kpb_t, bias_t, dout, lse, delta, dq, *strides, H, G, Nq, Nk, scale * _LOG2E, scale,
+             *buckets),
+            consts, deterministic,
         )
     else:
         dq = dq_acc.to(q.dtype)
@@ -685,7 +806,7 @@ def _fwd_op(
     q: Tensor, k: Tensor, v: Tensor, lam: Tensor, kpb: Tensor | None, bias: Tensor | None,
     causal: bool, scale: float, save_parts: bool, deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _forward_impl(q, k, v, lam, kpb, bias, causal, scale, save_parts)
+    return _forward_impl(q, k, v, lam, kpb, bias, causal, scale, save_parts, deterministic)
 
 
 @_fwd_op.register_fake
@@ -706,7 +827,8 @@ def _bwd_op(
 
 @_bwd_op.register_fake
 def _(dout, q, k, v, lam, kpb, bias, parts, lse, causal, scale, deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(lam)
+    # the kernels write contiguous gradients whatever the strides of q, k, v
+    return tuple(t.new_empty(t.shape) for t in (q, k, v, lam))
 
 
 def _setup_context(ctx, inputs, output):
@@ -736,11 +858,39 @@ def _pad_width(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def _check_tensors(q: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float) -> str | None:
+def _token_stride(t: Tensor) -> int:
+    """Stride between tokens of ``t`` as the kernels see it (a tensor without unit last stride is copied)."""
+    return t.stride(2) if t.stride(-1) == 1 else t.shape[-1]
+
+
+def _device_refusal(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the compiled kernels would be slow on this CUDA device and dtype, or ``None``."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return (
+            f"compute capability {major}.{minor}: the kernels need tensor cores with bf16/tf32 "
+            "(8.0 or newer); older GPUs would run every product on FMA units"
+        )
+    if dtype == torch.float32 and not tf32_enabled():
+        return (
+            "float32 without TF32 would run the products on FMA units with register spills; enable TF32 "
+            "(torch.backends.cuda.matmul.fp32_precision = 'tf32') or use bfloat16 / float16"
+        )
+    return None
+
+
+def _refusal(
+    q: Tensor, k: Tensor, v: Tensor, lam: Tensor | None, attn_mask: Tensor | None, dropout_p: float
+) -> str | None:
+    """Why the fused kernel must not run this call (wrong, unsupported or slow there), or ``None``."""
     if dropout_p > 0.0:
         return "attention dropout is not implemented in the fused kernel"
     if q.dtype not in _DTYPES:
         return f"dtype {q.dtype} is not supported (float16, bfloat16 or float32)"
+    if lam is not None and lam.numel() != 1:
+        return f"lambda of shape {tuple(lam.shape)}: the fused kernel takes one scalar lambda per call"
     if _INTERPRETER_BROKEN:
         return (
             "TRITON_INTERPRET=1 was set after triton had been imported (torch.compile imports it); "
@@ -751,18 +901,34 @@ def _check_tensors(q: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: fl
             f"tensors on {q.device.type} need Triton's interpreter: set TRITON_INTERPRET=1 before "
             "the process first imports triton"
         )
+    reason = _device_refusal(q.device, q.dtype)
+    if reason is not None:
+        return reason
     if q.dim() == 4 and q.shape[-1] > MAX_HEAD_DIM:
         return f"head width {q.shape[-1]} exceeds {MAX_HEAD_DIM}"
     if v.dim() == 4 and v.shape[-1] > MAX_VALUE_DIM:
         return f"value width {v.shape[-1]} exceeds {MAX_VALUE_DIM}"
     if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.requires_grad:
         return "no gradient with respect to a float attn_mask"
+    # offsets inside one tile are 32-bit: every stride between rows must keep MAX_TILE rows in range
+    strides = [_token_stride(t) for t in (q, k, v) if t.dim() == 4]
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.float32 and attn_mask.dim() >= 2:
+            strides.append(abs(attn_mask.stride(-2)) + abs(attn_mask.stride(-1)))
+        else:
+            strides.append(attn_mask.shape[-1] + 1)
+    if strides and max(strides) * MAX_TILE > _INT32_MAX:
+        return f"a row stride of {max(strides)} elements: {MAX_TILE} rows of one tile would overflow 32-bit offsets"
+    if q.dim() == 4 and k.dim() == 4:
+        programs = max(q.shape[2], k.shape[2]) // 16 + 1
+        if programs * q.shape[0] * q.shape[1] > _INT32_MAX:
+            return "more than 2**31 - 1 programs in the launch grid"
     return None
 
 
 def unsupported(call: Call) -> str | None:
-    """``None`` if the fused kernel can run ``call``, else the reason it cannot."""
-    return _check_tensors(call.q, call.v, call.attn_mask, call.dropout_p)
+    """``None`` if the fused kernel can run ``call`` correctly and on tensor cores, else the reason."""
+    return _refusal(call.q, call.k, call.v, call.lam, call.attn_mask, call.dropout_p)
 
 
 def _attn_bias(attn_mask: Tensor | None, B: int, H: int, Nq: int, Nk: int) -> Tensor | None:
@@ -808,11 +974,9 @@ def diff_attention_triton(
     B, H, Hkv, Nq, Nk = check_attention_inputs(
         q, k, v, differential=True, attn_mask=attn_mask, key_padding_mask=key_padding_mask
     )
-    reason = _check_tensors(q, v, attn_mask, dropout_p)
+    reason = _refusal(q, k, v, lam, attn_mask, dropout_p)
     if reason is not None:
         raise ValueError(f"the triton backend cannot run this call: {reason}")
-    if lam.numel() != 1:
-        raise ValueError(f"lam must be a scalar tensor, got shape {tuple(lam.shape)}")
     d, dv = q.shape[-1], v.shape[-1]
     scale = d**-0.5 if scale is None else float(scale)
     kpb = None
