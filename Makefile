@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: venv run test test-all lint typecheck bench clean
+.PHONY: venv run test test-all gpu lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ test: venv
 
 test-all: venv
 	$(PY) -m pytest -q -m "slow or not slow"
+
+# On a CUDA machine: every Triton configuration against the reference, then the kernel timing table
+gpu: venv
+	$(PY) -m pytest -q -rA tests/gpu
+	$(PY) -m benchmarks.kernels --json gpu-kernels.json
 
 # ruff: pyflakes, bugbear, import order, pyupgrade ([tool.ruff] in pyproject.toml)
 lint: venv

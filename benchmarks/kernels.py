@@ -1,32 +1,40 @@
-"""Throughput of the differential-attention kernels on a CUDA GPU, against matched standard attention.
+"""Throughput of the differential-attention kernels against matched standard attention, and the static
+build report of the Triton kernels.
 
-    python -m benchmarks.kernels                          # N = 1K..16K, d = 64 and 128, causal and not
-    python -m benchmarks.kernels --n 4096 --d 128 --causal yes
-    python -m benchmarks.kernels --ptxas                  # no GPU needed: sm_90a registers / spills
+    python -m benchmarks.kernels                          # GPU: N = 1K..16K, d = 64 and 128, causal and not
+    python -m benchmarks.kernels --n 4096 --d 128 --causal yes --json out.json
+    python -m benchmarks.kernels --static                 # no GPU needed: what each shipped configuration builds to
 
 Rows, at equal model width ``D = 2H * d`` (default 2048) and ``B * N = 16K`` tokens per step:
 
 * ``triton``: ``diff_attention(backend="triton")``, the fused kernels (``H`` differential heads).
-* ``sdpa``: ``diff_attention(backend="sdpa")``, both branches folded into SDPA calls.
+* ``sdpa``: ``diff_attention(backend="sdpa")``, both branches folded into SDPA calls (``auto`` on CUDA).
 * ``standard``: ``F.scaled_dot_product_attention`` on q, k, v of shape ``(B, 2H, N, d)`` - the
   baseline with matched parameters (FlashAttention-2-class kernel on recent GPUs).
 
-FLOP counts (docs/design.md, "Kernel cost model": attention core, non-causal, halved for causal): the
-differential rows count the fused algorithm, forward ``6 N^2 D`` and forward+backward ``16 N^2 D`` per sequence, for
-both backends (the ``sdpa`` backend executes more, so its figure is "useful" throughput); the
-standard row counts ``4 N^2 D`` and ``14 N^2 D``. The triton kernels with atomic dQ execute exactly
-the fused count. Times are medians of CUDA-event timings of bf16 runs after warm-up (the first calls
-also autotune the Triton kernels). ``x std`` is the time over the standard row's time.
+The SDPA kernel PyTorch picks for each SDPA row is recorded (``sdpa kernel``: flash, efficient, cudnn or
+math, as ``torch._fused_sdp_choice`` reports it for every call the row makes).
 
-``--ptxas`` compiles every autotuning candidate of the Triton kernels for sm_90a (H100) without a
-GPU and prints ptxas' register and spill counts: a static check of register pressure, not a timing.
+FLOP counts (docs/design.md, "Kernel cost model": attention core, non-causal, halved for causal): the
+differential rows count the fused algorithm, forward ``6 N^2 D`` and forward+backward ``16 N^2 D`` per
+sequence, for both backends (the ``sdpa`` backend executes more, so its figure is "useful" throughput);
+the standard row counts ``4 N^2 D`` and ``14 N^2 D``. Times are medians of CUDA-event timings after
+warm-up (the first calls also autotune the Triton kernels); ``x std`` is the time over the standard
+row's time. Without CUDA the table runs in Triton's interpreter (``TRITON_INTERPRET=1``) and times
+nothing meaningful: that mode only checks that the benchmark itself works.
+
+``--static`` compiles every shipped configuration of the Triton kernels for sm_90a (H100) and sm_80 as a
+launch specialises it, and prints registers, spills, shared memory, the MMA instruction and replicated
+tiles of every product, pipelining and atomic semantics (:mod:`diffzoo.kernels.triton_build`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -36,42 +44,67 @@ FLOPS = {  # per N^2 D, non-causal: (forward, forward + backward)
     "diff": (6.0, 16.0),
     "standard": (4.0, 14.0),
 }
+SDPA_NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 
 
-def _time_ms(fn: Callable[[], None], warmup: int, reps: int) -> float:
+def _time_ms(fn: Callable[[], None], warmup: int, reps: int, device: str) -> float:
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        if device == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
 
-def _make_case(row: str, B: int, N: int, width: int, d: int, causal: bool):
-    """``(forward, forward_backward)`` closures for one row."""
+def sdpa_kernels(fn: Callable[[], object]) -> str:
+    """The SDPA kernels PyTorch chooses for the calls ``fn`` makes (one untimed run)."""
+    chosen: list[str] = []
+    original = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        choice = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        chosen.append(SDPA_NAMES.get(int(choice), str(choice)))
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa)
+
+    F.scaled_dot_product_attention = spy
+    try:
+        fn()
+    finally:
+        F.scaled_dot_product_attention = original
+    return "+".join(sorted(set(chosen)))
+
+
+def _make_case(row: str, B: int, N: int, width: int, d: int, causal: bool, device: str):
+    """``(forward, forward_backward, sdpa kernel)`` for one row."""
     from diffzoo.kernels import diff_attention
 
-    dev, dt = "cuda", torch.bfloat16
+    dt = torch.bfloat16
     heads = width // d  # 2H standard heads of width d
-    g = torch.Generator(device=dev).manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
     if row == "standard":
-        q, k, v = (torch.randn(B, heads, N, d, device=dev, dtype=dt, generator=g).requires_grad_() for _ in range(3))
+        q, k, v = (torch.randn(B, heads, N, d, device=device, dtype=dt, generator=g).requires_grad_() for _ in range(3))
         leaves: tuple = (q, k, v)
 
         def fwd():
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     else:
-        q = torch.randn(B, heads, N, d, device=dev, dtype=dt, generator=g).requires_grad_()
-        k = torch.randn(B, heads, N, d, device=dev, dtype=dt, generator=g).requires_grad_()
-        v = torch.randn(B, heads // 2, N, 2 * d, device=dev, dtype=dt, generator=g).requires_grad_()
-        lam = torch.tensor(0.5, device=dev, requires_grad=True)
+        q = torch.randn(B, heads, N, d, device=device, dtype=dt, generator=g).requires_grad_()
+        k = torch.randn(B, heads, N, d, device=device, dtype=dt, generator=g).requires_grad_()
+        v = torch.randn(B, heads // 2, N, 2 * d, device=device, dtype=dt, generator=g).requires_grad_()
+        lam = torch.tensor(0.5, device=device, requires_grad=True)
         leaves = (q, k, v, lam)
 
         def fwd():
@@ -79,6 +112,7 @@ def _make_case(row: str, B: int, N: int, width: int, d: int, causal: bool):
 
     with torch.no_grad():
         dout = torch.randn_like(fwd())
+    kernel = sdpa_kernels(fwd) if row in ("standard", "sdpa") else ""
 
     def forward():
         with torch.no_grad():
@@ -87,20 +121,15 @@ def _make_case(row: str, B: int, N: int, width: int, d: int, causal: bool):
     def forward_backward():
         torch.autograd.grad(fwd(), leaves, dout)
 
-    return forward, forward_backward
+    return forward, forward_backward, kernel
 
 
 def run(
-    ns: list[int], ds: list[int], causals: list[bool], rows: list[str], width: int, tokens: int, warmup: int, reps: int
+    ns: list[int], ds: list[int], causals: list[bool], rows: list[str], width: int, tokens: int, warmup: int,
+    reps: int, device: str = "cuda",
 ) -> list[dict]:
+    """Time every (causal, d, N, row); one dict per row (``error`` set where a row failed)."""
     results = []
-    print(f"device: {torch.cuda.get_device_name()}, bf16, model width D = {width}, B * N = {tokens} tokens")
-    print("TFLOP/s count the FLOPs of docs/design.md (Kernel cost model): differential rows 6 N^2 D (fwd) / "
-          "16 N^2 D (fwd+bwd), standard 4 / 14; causal halves them")
-    header = f"{'row':9s} {'causal':6s} {'d':>4s} {'N':>6s} {'B':>3s} | {'fwd ms':>8s} {'TFLOP/s':>7s} | " \
-             f"{'f+b ms':>8s} {'TFLOP/s':>7s} {'x std':>6s}"
-    print(header)
-    print("-" * len(header))
     for causal in causals:
         for d in ds:
             for N in ns:
@@ -110,86 +139,75 @@ def run(
                     kind = "standard" if row == "standard" else "diff"
                     f_fwd, f_all = FLOPS[kind]
                     scale = B * N * N * width * (0.5 if causal else 1.0)
+                    entry: dict = dict(row=row, causal=causal, d=d, N=N, B=B, width=width)
                     try:
-                        forward, forward_backward = _make_case(row, B, N, width, d, causal)
-                        t_fwd = _time_ms(forward, warmup, reps)
-                        t_all = _time_ms(forward_backward, warmup, reps)
+                        forward, forward_backward, kernel = _make_case(row, B, N, width, d, causal, device)
+                        t_fwd = _time_ms(forward, warmup, reps, device)
+                        t_all = _time_ms(forward_backward, warmup, reps, device)
                     except Exception as e:  # out of memory, a backend refusing a size, a compile failure
-                        print(f"{row:9s} {str(causal):6s} {d:4d} {N:6d} {B:3d} | failed: {str(e).splitlines()[0][:80]}")
-                        torch.cuda.empty_cache()
+                        entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+                        results.append(entry)
+                        if device == "cuda":
+                            torch.cuda.empty_cache()
                         continue
                     if row == "standard":
                         base = t_all
-                    ratio = f"{t_all / base:6.2f}" if base else "   n/a"
-                    tf_fwd = f_fwd * scale / (t_fwd * 1e-3) / 1e12
-                    tf_all = f_all * scale / (t_all * 1e-3) / 1e12
-                    print(f"{row:9s} {str(causal):6s} {d:4d} {N:6d} {B:3d} | {t_fwd:8.3f} {tf_fwd:7.1f} | "
-                          f"{t_all:8.3f} {tf_all:7.1f} {ratio}", flush=True)
-                    results.append(dict(row=row, causal=causal, d=d, N=N, B=B, fwd_ms=t_fwd, fwd_bwd_ms=t_all,
-                                        fwd_tflops=tf_fwd, fwd_bwd_tflops=tf_all))
-                    torch.cuda.empty_cache()
+                    entry.update(
+                        fwd_ms=t_fwd, fwd_bwd_ms=t_all, sdpa_backend=kernel,
+                        fwd_tflops=f_fwd * scale / (t_fwd * 1e-3) / 1e12,
+                        fwd_bwd_tflops=f_all * scale / (t_all * 1e-3) / 1e12,
+                        x_std=t_all / base if base else None,
+                    )
+                    results.append(entry)
+                    print(_format_row(entry), flush=True)
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
     return results
 
 
-def ptxas_report(ds: list[int], causal: bool = True, arch: int = 90) -> None:
-    """Compile the bf16 kernels for ``sm_<arch>a`` (no GPU needed) and print registers and spills."""
-    import os
-    import re
-    import subprocess
-    import tempfile
+_HEADER = (f"{'row':9s} {'causal':6s} {'d':>4s} {'N':>6s} {'B':>3s} | {'fwd ms':>8s} {'TFLOP/s':>7s} | "
+           f"{'f+b ms':>8s} {'TFLOP/s':>7s} {'x std':>6s} | sdpa kernel")
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
+def _format_row(r: dict) -> str:
+    head = f"{r['row']:9s} {str(r['causal']):6s} {r['d']:4d} {r['N']:6d} {r['B']:3d} | "
+    if r.get("error"):
+        return head + f"failed: {r['error']}"
+    ratio = f"{r['x_std']:6.2f}" if r.get("x_std") else "   n/a"
+    return (head + f"{r['fwd_ms']:8.3f} {r['fwd_tflops']:7.1f} | {r['fwd_bwd_ms']:8.3f} {r['fwd_bwd_tflops']:7.1f} "
+            f"{ratio} | {r.get('sdpa_backend') or '-'}")
+
+
+def format_table(rows: list[dict]) -> str:
+    return "\n".join([_HEADER, "-" * len(_HEADER)] + [_format_row(r) for r in rows])
+
+
+def static_report(ds: list[int], archs: list[int], markdown: bool = False) -> int:
+    """Print the build report of every shipped configuration; the number of configurations that break
+    a rule without a documented exception."""
+    from diffzoo.kernels import triton_build as tb
     from diffzoo.kernels import triton_diff as td
 
     if td.INTERPRET:
-        print("--ptxas needs the compiler: unset TRITON_INTERPRET")
-        return
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    target = GPUTarget("cuda", arch, 32)
-    bf, f32 = "*bf16", "*fp32"
-    kernels = [
-        ("forward", td._fwd_kernel, td._FWD_CONFIGS, "DV",
-         dict(Q=bf, K=bf, V=bf, OUT=bf, PARTS=bf), dict(SAVE_PARTS=True)),
-        ("bwd dK/dV", td._bwd_kv_kernel, td._BWD_KV_CONFIGS, "DV_",
-         dict(Q=bf, K=bf, V=bf, DO=bf, DQ=f32, DK=bf, DV=bf), dict(DQ_ATOMIC=True)),
-        ("bwd dQ", td._bwd_q_kernel, td._BWD_Q_CONFIGS, "DV", dict(Q=bf, K=bf, V=bf, DO=bf, DQ=bf), {}),
-    ]
-    print(f"ptxas -v for sm_{arch}a, bf16, causal={causal}, no masks (static register pressure only)")
-    for d in ds:
-        for name, fn, table, dv_name, ptrs, extra in kernels:
-            for bm, bn, warps, stages in table[64 if d <= 64 else 128]:
-                consts = dict(D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, HAS_KPB=False, HAS_BIAS=False,
-                              UPCAST=False, PREC="tf32", **extra)
-                consts[dv_name] = 2 * d
-                sig = {}
-                for a in fn.arg_names:
-                    if a in consts:
-                        sig[a] = "constexpr"
-                    elif a in ptrs or a in ("LAM", "KPB", "BIAS", "LSE", "DELTA"):
-                        sig[a] = ptrs.get(a, f32)
-                    else:
-                        sig[a] = "fp32" if a in ("qk_scale", "scale") else "i32"
-                label = f"{name:9s} d={d:3d} BLOCK_M={bm:3d} BLOCK_N={bn:3d} warps={warps} stages={stages}"
-                try:
-                    src = ASTSource(fn=fn, signature=sig,
-                                    constexprs={(fn.arg_names.index(a),): v for a, v in consts.items()})
-                    kernel = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
-                    with tempfile.TemporaryDirectory() as tmp:
-                        path = os.path.join(tmp, "k.ptx")
-                        with open(path, "w") as f:
-                            f.write(kernel.asm["ptx"])
-                        out = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}a", path, "-o", path + ".o"],
-                                             capture_output=True, text=True).stderr
-                    regs = re.search(r"Used (\d+) registers", out)
-                    spill = re.search(r"(\d+) bytes spill stores", out)
-                    print(f"{label}: {regs.group(1) if regs else '?'} registers, "
-                          f"{spill.group(1) if spill else '?'} bytes spilled, shared {kernel.metadata.shared} B",
-                          flush=True)
-                except Exception as e:  # the compiler API is Triton-version specific
-                    print(f"{label}: failed ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})")
+        print("--static compiles the kernels: unset TRITON_INTERPRET")
+        return 1
+    if not markdown:
+        print(f"static build report, {tb.Problem().describe()}")
+        print("wgmma: Hopper warp-group MMA; mma.sync: warp MMA; xN: the result tile is held N times by the warps;")
+        print("pipelined a/b: product loops with asynchronous multi-buffered loads; MEMBAR: GPU-wide barriers and")
+        print("L1 invalidations in the machine code. '<<' lists the rules a configuration breaks (docs/kernels.md).")
+    bad = 0
+    reports = []
+    for arch in archs:
+        for kind, d, config, pinned in tb.shipped(arch, tuple(ds)):
+            report = tb.build_report(kind, d, config, arch)
+            bad += bool(tb.unexplained(report, pinned))
+            reports.append((report, pinned))
+            if not markdown:
+                print(tb.format_report(report, pinned) + ("  (pinned)" if pinned else ""), flush=True)
+    if markdown:
+        print(tb.markdown_table(reports))
+    return bad
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,17 +220,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=16384, help="B * N per step")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--ptxas", action="store_true", help="compile for sm_90a and print registers / spills (no GPU)")
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--static", "--ptxas", dest="static", action="store_true",
+                   help="print the build report of the shipped Triton configurations (no GPU needed)")
+    p.add_argument("--arch", type=int, nargs="+", default=[90, 80], choices=[90, 80], help="targets of --static")
+    p.add_argument("--markdown", action="store_true", help="--static as the Markdown table of docs/kernels.md")
     args = p.parse_args(argv)
-    if args.ptxas:
-        ptxas_report(args.d)
-        return 0
+    if args.static:
+        return 1 if static_report(args.d, args.arch, args.markdown) else 0
     if not torch.cuda.is_available():
         print("benchmarks.kernels: no CUDA device on this machine; kernel throughput needs a GPU (nothing measured).")
         return 0
     rows = ["standard"] + [r for r in args.rows if r != "standard"] if "standard" in args.rows else args.rows
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
-    run(args.n, args.d, causals, rows, args.width, args.tokens, args.warmup, args.reps)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, model width D = {args.width}, "
+          f"B * N = {args.tokens} tokens")
+    print("TFLOP/s count the FLOPs of docs/design.md (Kernel cost model): differential rows 6 N^2 D (fwd) / "
+          "16 N^2 D (fwd+bwd), standard 4 / 14; causal halves them")
+    print(_HEADER)
+    print("-" * len(_HEADER))
+    results = run(args.n, args.d, causals, rows, args.width, args.tokens, args.warmup, args.reps)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=results), f, indent=1)
     return 0
 
 

@@ -37,3 +37,32 @@ def printed_config(cli_main: Callable[[list[str]], object], capsys: pytest.Captu
         cli_main(["--print_config"])
     assert e.value.code == 0
     return capsys.readouterr().out
+
+
+def use_triton_interpreter() -> None:
+    """Run Triton kernels in the CPU interpreter when there is no CUDA device.
+
+    ``TRITON_INTERPRET=1`` only takes effect if it is set before triton is first imported in the process;
+    a test module calls this before its own imports. When triton was imported earlier without it, the
+    module's tests skip and :func:`run_module_in_interpreter` reruns the module in a fresh process.
+    """
+    import os
+    import sys
+
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def run_module_in_interpreter(module_file: str, markexpr: str = "not slow") -> None:
+    """Run the test module ``module_file`` with pytest in a new process with the interpreter switched on."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markexpr, str(Path(module_file).resolve())],
+        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout

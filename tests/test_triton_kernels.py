@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-if not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+from conftest import run_module_in_interpreter, use_triton_interpreter
 
+use_triton_interpreter()  # must precede the first import of triton
 triton = pytest.importorskip("triton")
 
 from diffzoo.kernels import diff_attention  # noqa: E402
@@ -47,15 +47,7 @@ def _kernels_runnable(request, monkeypatch):
 def test_in_subprocess(request):
     if IN_PROCESS:
         pytest.skip("the kernel tests run in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    markexpr = request.config.option.markexpr or "not slow"
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markexpr, str(Path(__file__).resolve())],
-        cwd=root, env=env, capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout
+    run_module_in_interpreter(__file__, request.config.option.markexpr or "not slow")
 
 
 # --------------------------------------------------------------------------------------------------

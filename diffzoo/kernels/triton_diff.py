@@ -14,9 +14,19 @@ follow FlashAttention-2 (Dao, arXiv 2307.08691) with both branches fused:
   heads, so grouped-query heads need no atomics for dK/dV): recomputes ``P1, P2`` from the saved
   log-sum-exps, ``dV = (P1 - lam P2)^T dO`` once, ``dP = dO V^T`` once for both branches,
   ``dS1 = P1 (dP - D1)``, ``dS2 = -lam P2 (dP - D2)``, ``dK1 = s dS1^T Q1``, ``dK2 = s dS2^T Q2``.
-  ``dQ`` is accumulated from the same program with fp32 atomic adds (no recomputation), or, when
-  ``torch.are_deterministic_algorithms_enabled()``, by a separate deterministic dQ kernel that
-  recomputes ``P1, P2, dP`` per query tile.
+  ``dQ`` is accumulated from the same program with relaxed fp32 atomic adds (no recomputation), or,
+  when ``torch.are_deterministic_algorithms_enabled()``, by a separate atomic-free dQ kernel that
+  recomputes ``P1, P2, dP`` per query tile; every kernel then runs its pinned configuration (no
+  autotuning), so the result is bit-identical from one process to the next on the same GPU.
+
+Launch geometry: one flat grid axis of ``row tiles x batch x heads`` programs (axis 0, not capped at
+65,535), batch/head/row-block offsets in 64-bit arithmetic. A running maximum stays ``-inf`` while a
+row has seen no allowed key (fully masked tiles: left padding, block-diagonal or sliding-window masks);
+only the value subtracted from the logits is replaced by 0 then.
+
+The backend is opt-in (``backend="triton"``): ``auto`` prefers SDPA on CUDA until these kernels have been
+timed on a GPU (docs/kernels.md). It refuses, so that ``auto`` falls back, calls it would get wrong or run
+slowly: dropout, a lambda per head or token, GPUs older than compute capability 8.0, fp32 without TF32.
 
 Masks: causal (bottom-right aligned) and key padding are applied in the kernels from indices and a
 per-key bias vector, so lengths may differ within a batch; an ``attn_mask`` is loaded as an fp32 bias
@@ -563,16 +573,16 @@ def _bwd_q_kernel(
 Config = tuple[int, int, int, int]
 CONFIGS: dict[str, dict[str, dict[int, list[Config]]]] = {
     "fwd": {
-        "sm90": {64: [(64, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 2)], 128: [(64, 64, 4, 2), (64, 32, 4, 2)]},
-        "sm80": {64: [(64, 64, 4, 3), (128, 64, 8, 2)], 128: [(64, 64, 4, 2), (64, 32, 4, 2)]},
+        "sm90": {64: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 32, 4, 3)], 128: [(64, 32, 8, 3), (64, 32, 8, 2)]},
+        "sm80": {64: [(64, 64, 8, 2), (64, 64, 8, 3), (128, 32, 8, 3)], 128: [(32, 32, 8, 2), (32, 16, 4, 2)]},
     },
     "bwd_kv": {
-        "sm90": {64: [(32, 64, 4, 2), (64, 64, 4, 2)], 128: [(32, 64, 8, 2), (16, 64, 8, 2)]},
-        "sm80": {64: [(32, 64, 4, 2), (64, 64, 8, 2)], 128: [(16, 64, 8, 1), (32, 64, 8, 1)]},
+        "sm90": {64: [(16, 128, 8, 2), (16, 128, 8, 3)], 128: [(32, 32, 8, 2)]},
+        "sm80": {64: [(32, 32, 4, 2)], 128: [(32, 32, 8, 2)]},
     },
     "bwd_q": {
-        "sm90": {64: [(64, 64, 4, 2), (128, 64, 8, 2)], 128: [(64, 32, 4, 2), (64, 64, 4, 2)]},
-        "sm80": {64: [(64, 64, 4, 2), (128, 64, 8, 2)], 128: [(64, 32, 4, 2), (64, 64, 8, 2)]},
+        "sm90": {64: [(128, 32, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2)], 128: [(128, 32, 8, 2)]},
+        "sm80": {64: [(64, 32, 4, 2), (128, 32, 8, 2)], 128: [(32, 32, 4, 2), (64, 64, 8, 2)]},
     },
 }
 KERNELS = {"fwd": _fwd_kernel, "bwd_kv": _bwd_kv_kernel, "bwd_q": _bwd_q_kernel}
