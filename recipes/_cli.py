@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -302,3 +302,13 @@ def launch(
         },
         **cli_kwargs,
     )
+
+
+def expand_quick(args: Sequence[str] | None, quick: Sequence[str]) -> list[str]:
+    """``args`` (default ``sys.argv[1:]``) with ``--quick`` replaced by the recipe's smoke-run overrides;
+    arguments given after them still win."""
+    args = list(sys.argv[1:] if args is None else args)
+    if "--quick" not in args:
+        return args
+    i = args.index("--quick")
+    return [*args[:i], *quick, *args[i + 1:]]

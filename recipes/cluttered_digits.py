@@ -25,8 +25,7 @@ from lightning.pytorch.cli import LightningCLI
 from diffzoo.data.cluttered import ClutteredDigitsDataModule
 from diffzoo.tasks.cluttered import VariantImageTask, VariantRunSummary
 from diffzoo.tasks.monitor import GradNormMonitor
-from recipes._cli import add_run_callbacks, launch
-from recipes._study import expand_quick
+from recipes._cli import add_run_callbacks, expand_quick, launch
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cluttered_digits.yaml"
 QUICK = ["--trainer.max_epochs", "1", "--data.limit_train", "128", "--data.num_val", "64", "--data.num_test", "64",

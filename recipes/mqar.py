@@ -24,8 +24,7 @@ from lightning.pytorch.cli import LightningCLI
 from diffzoo.data.mqar import MQARDataModule
 from diffzoo.tasks.monitor import GradNormMonitor
 from diffzoo.tasks.mqar import MQARRunSummary, MQARTask
-from recipes._cli import add_run_callbacks, launch
-from recipes._study import expand_quick
+from recipes._cli import add_run_callbacks, expand_quick, launch
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mqar.yaml"
 QUICK = ["--trainer.max_epochs", "1", "--data.steps_per_epoch", "4", "--data.num_val", "64",
