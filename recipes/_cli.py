@@ -266,16 +266,20 @@ def launch(
     default_config: Path,
     args: list[str] | None = None,
     run: bool = True,
+    quick: Sequence[str] = (),
     **cli_kwargs: Any,
 ) -> LightningCLI:
     """Build (and with ``run=True`` execute) a recipe's CLI; ``args`` as on the command line.
 
     With ``run=False`` the subcommand is dropped, so the CLI only instantiates model, data and trainer.
+    ``quick``: the arguments ``--quick`` stands for (:func:`expand_quick`), for recipes that have a smoke run.
     """
     if args is None:  # the command line: a bad input ends in one line on stderr and exit status 1
         with one_line_errors(f"python -m recipes.{name}"):
             return launch(cli_class, model_class, datamodule_class, name=name, default_config=default_config,
-                          args=sys.argv[1:], run=run, **cli_kwargs)
+                          args=sys.argv[1:], run=run, quick=quick, **cli_kwargs)
+    if quick:
+        args = expand_quick(args, quick)
     command = command_without_ckpt_path(run_command(args, cli_class))
     args = with_defaults(args, default_config)
     # the command line is passed on as ``args`` (with the defaults added), which Lightning warns about

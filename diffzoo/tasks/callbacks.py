@@ -59,12 +59,27 @@ def stop_diverged(trainer: pl.Trainer, what: str, value: float, batch: int | Non
     )
 
 
+def refuse_empty_budget(trainer: pl.Trainer) -> None:
+    """Raise ``ValueError`` before training when the trainer's budget is zero (``max_epochs`` or
+    ``max_steps`` 0): such a fit would end at once and export the initial weights as a result."""
+    for flag, value in (("max_epochs", trainer.max_epochs), ("max_steps", trainer.max_steps)):
+        if value == 0:
+            raise ValueError(f"--trainer.{flag} 0 trains nothing, so there are no weights to export; give a "
+                             f"positive --trainer.{flag} (or use the validate subcommand to score a model)")
+
+
 def require_trained(trainer: pl.Trainer) -> None:
-    """Raise ``ValueError`` when ``fit`` ran no training batch, so no untrained weights are exported as a result."""
+    """Raise ``ValueError`` when ``fit`` ran no training batch or no optimizer step (and restored none from a
+    checkpoint), so no untrained weights are exported as a result."""
     if trainer.num_training_batches == 0:
         raise ValueError(
             "the training data gave 0 batches (fewer samples per device than the batch size, with the last "
             "incomplete batch dropped); nothing was exported: lower the batch size or use more training data"
+        )
+    if trainer.global_step == 0:
+        raise ValueError(
+            "fit ended after 0 training steps (check --trainer.max_epochs, --trainer.max_steps, "
+            "--trainer.max_time and --trainer.limit_train_batches); nothing was exported"
         )
 
 
@@ -213,6 +228,10 @@ class RunSummary(pl.Callback):
         """The first printed line: the monitored metric's value and what it measures."""
         shown = f"{100 * value:.2f} %" if value is not None else "not measured"
         return f"{self.monitor}: {shown}" + (f"  ({description})" if description else "")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.fast_dev_run:
+            refuse_empty_budget(trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.fast_dev_run:
