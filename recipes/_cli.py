@@ -120,7 +120,7 @@ def command_without_ckpt_path(command: list[str]) -> list[str]:
 
 
 def run_command(args: list[str] | None, cli_class: type) -> list[str]:
-    """The command line that started this run (``args`` given: the equivalent ``python -m recipes.X ...``)."""
+    """The command line that started this run (``args`` given: the equivalent ``python -m recipes.<name> ...``)."""
     if args is None:
         return list(sys.orig_argv)
     module = cli_class.__module__
