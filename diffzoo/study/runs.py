@@ -56,7 +56,7 @@ def last_logged(metrics_csv: Path) -> dict[str, float]:
 def read_divergence(run_dir: Path) -> dict | None:
     """The divergence record a run left in its newest log folder
     (:data:`~diffzoo.tasks.callbacks.DIVERGENCE_FILE`), None if it has none."""
-    from ..tasks.callbacks import DIVERGENCE_FILE  # here: reading a study's results needs no Lightning
+    from ..tasks.callbacks.guard import DIVERGENCE_FILE  # here: reading a study's results needs no Lightning
 
     try:
         div = latest_log_dir(run_dir) / DIVERGENCE_FILE
