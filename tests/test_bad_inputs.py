@@ -272,10 +272,13 @@ def test_lm_recipe_refuses_bad_settings_before_training(args: list[str], fragmen
 
 
 def _zero_batch_modules(tmp: Path) -> list[tuple[str, Callable[[], object], str]]:
+    import open_clip
+
     from diffzoo.data import DigitsDataModule, ImageFolderDataModule, ShardDataModule
     from diffzoo.data.image_text import ColoredDigitsDataModule
     from diffzoo.data.text import TextDataModule
 
+    tokenizer = open_clip.get_tokenizer("DiffCLIP-nano")
     corpus = tmp / "c.txt"
     corpus.write_text("hello world, some text. " * 400)
     folder = make_folder(tmp / "folder", per_class=2, classes=3)
@@ -289,7 +292,7 @@ def _zero_batch_modules(tmp: Path) -> list[tuple[str, Callable[[], object], str]
         ("shards", lambda: ShardDataModule(shards, shards, num_classes=3, train_samples=10, batch_size=4,
                                            **{**common, "num_workers": 4}),
          "2 per DataLoader worker (4 workers"),
-        ("coloured digits", lambda: ColoredDigitsDataModule(model="DiffCLIP-nano", limit=60, num_val=10, num_test=10,
+        ("coloured digits", lambda: ColoredDigitsDataModule(tokenizer=tokenizer, limit=60, num_val=10, num_test=10,
                                                             batch_size=64, colorings=1), "coloured digits)"),
     ]
 
