@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,7 @@ def command_without_ckpt_path(command: list[str]) -> list[str]:
 
 
 def run_command(args: list[str] | None, cli_class: type) -> list[str]:
-    """The command line that started this run (``args`` given: the equivalent ``python -m recipes.X ...``)."""
+    """The command line that started this run (``args`` given: the equivalent ``python -m recipes.<name> ...``)."""
     if args is None:
         return list(sys.orig_argv)
     module = cli_class.__module__
@@ -266,16 +266,20 @@ def launch(
     default_config: Path,
     args: list[str] | None = None,
     run: bool = True,
+    quick: Sequence[str] = (),
     **cli_kwargs: Any,
 ) -> LightningCLI:
     """Build (and with ``run=True`` execute) a recipe's CLI; ``args`` as on the command line.
 
     With ``run=False`` the subcommand is dropped, so the CLI only instantiates model, data and trainer.
+    ``quick``: the arguments ``--quick`` stands for (:func:`expand_quick`), for recipes that have a smoke run.
     """
     if args is None:  # the command line: a bad input ends in one line on stderr and exit status 1
         with one_line_errors(f"python -m recipes.{name}"):
             return launch(cli_class, model_class, datamodule_class, name=name, default_config=default_config,
-                          args=sys.argv[1:], run=run, **cli_kwargs)
+                          args=sys.argv[1:], run=run, quick=quick, **cli_kwargs)
+    if quick:
+        args = expand_quick(args, quick)
     command = command_without_ckpt_path(run_command(args, cli_class))
     args = with_defaults(args, default_config)
     # the command line is passed on as ``args`` (with the defaults added), which Lightning warns about
@@ -302,3 +306,13 @@ def launch(
         },
         **cli_kwargs,
     )
+
+
+def expand_quick(args: Sequence[str] | None, quick: Sequence[str]) -> list[str]:
+    """``args`` (default ``sys.argv[1:]``) with ``--quick`` replaced by the recipe's smoke-run overrides;
+    arguments given after them still win."""
+    args = list(sys.argv[1:] if args is None else args)
+    if "--quick" not in args:
+        return args
+    i = args.index("--quick")
+    return [*args[:i], *quick, *args[i + 1:]]

@@ -13,18 +13,21 @@ checkpoints, ``summary.json`` and ``model.safetensors`` (the open_clip state dic
     python -m recipes.clip --print_config
     python -m recipes.clip validate --config ... --ckpt_path ...
 
-Without a subcommand ``fit`` is run; without ``--config`` the coloured-digits config is used. The model
-name is passed on to the data (``data.init_args.model``) for the tokenizer, input size and normalisation.
+Without a subcommand ``fit`` is run; without ``--config`` the coloured-digits config is used. The built
+model's tokenizer, input size and normalisation are handed to the data (``MODEL_INPUTS``).
 Score a trained model afterwards with ``python -m recipes.clip_zeroshot``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
+from diffzoo.data.image_text import clip_image_settings
 from diffzoo.tasks.contrastive import ClipRunSummary, ContrastiveTask
 from recipes._cli import add_run_callbacks, launch
 
@@ -32,11 +35,21 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "clip_digits.yaml"
 
 
+# What the image-text DataModules take from the built model: its tokenizer, input size and normalisation.
+MODEL_INPUTS: dict[str, Callable[[ContrastiveTask], Any]] = {
+    "tokenizer": lambda task: task.tokenizer,
+    "image_size": lambda task: clip_image_settings(task.model)[0],
+    "mean": lambda task: clip_image_settings(task.model)[1],
+    "std": lambda task: clip_image_settings(task.model)[2],
+}
+
+
 class ClipCLI(LightningCLI):
-    """LightningCLI with the model name linked to the data, and checkpoint / summary callbacks always on."""
+    """LightningCLI handing the model's input settings to the data, with checkpoint / summary callbacks always on."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("model.model", "data.init_args.model", apply_on="parse")
+        for name, read in MODEL_INPUTS.items():
+            parser.link_arguments("model", f"data.init_args.{name}", compute_fn=read, apply_on="instantiate")
         add_run_callbacks(parser, ClipRunSummary, monitor="val/zs_top1", mode="max")
 
 

@@ -47,7 +47,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         ColoredDigits,
         ShardImageTextDataset,
         ToFloatTensor,
-        clip_preprocess_cfg,
+        clip_image_settings,
         colored_digit_splits,
         digit_classes,
         zeroshot_folder,
@@ -104,7 +104,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         results["shards"] = pair_retrieval(img, txt, tok, progress=progress)
         results["shards"].update(n=len(img), skipped=dataset.num_bad)
     if args.embedded:
-        size, mean, std = clip_preprocess_cfg(model_name)
+        size, mean, std = clip_image_settings(model)
         transform = ToFloatTensor(size, mean, std)
         splits = colored_digit_splits(seed=args.split_seed)
         test = ColoredDigits(**splits["test"], transform=transform, target="label")

@@ -26,7 +26,6 @@ from diffzoo.data.cluttered import ClutteredDigitsDataModule
 from diffzoo.tasks.cluttered import VariantImageTask, VariantRunSummary
 from diffzoo.tasks.monitor import GradNormMonitor
 from recipes._cli import add_run_callbacks, launch
-from recipes._study import expand_quick
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "cluttered_digits.yaml"
 QUICK = ["--trainer.max_epochs", "1", "--data.limit_train", "128", "--data.num_val", "64", "--data.num_test", "64",
@@ -47,7 +46,7 @@ class ClutteredCLI(LightningCLI):
 def cli_main(args: list[str] | None = None, run: bool = True) -> ClutteredCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``); ``--quick`` for a smoke run."""
     return launch(ClutteredCLI, VariantImageTask, ClutteredDigitsDataModule, name="cluttered_digits",
-                  default_config=DEFAULT_CONFIG, args=expand_quick(args, QUICK), run=run)
+                  default_config=DEFAULT_CONFIG, args=args, run=run, quick=QUICK)
 
 
 if __name__ == "__main__":

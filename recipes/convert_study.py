@@ -31,7 +31,7 @@ starting point is scored on the validation and test sets (the recipe's ``validat
 ``--model.init_from``, in this process: a fraction of a second each): step 0, where V2 must equal the
 source and V1 shows its conversion gap.
 
-Every training is ``python -m recipes.mqar`` in a fresh process (:mod:`recipes._study`), ``--jobs`` at a
+Every training is ``python -m recipes.mqar`` in a fresh process (:mod:`diffzoo.study.runs`), ``--jobs`` at a
 time; validation every ``--eval-every`` steps. Written to ``--out`` (default
 ``outputs/convert_study``): ``start/<source>/<arm>/`` (the converted folders), ``runs/<source>/`` (the
 runs and their logs), ``results.json`` (every run with its curves; a run whose arguments did not change is
@@ -56,17 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recipes._study import latest_log_dir, read_run, recipe_command, run_jobs, train
-from recipes.sweep import (
-    FAMILIES,
-    _comparisons_note,
-    _f,
-    _last_logged,
-    _mean_curve,
-    comparison_rows,
-    metric_value,
-    stats_table,
-)
+from diffzoo.study.families import FAMILIES, metric_value
+from diffzoo.study.plots import mean_curve
+from diffzoo.study.runs import last_logged, latest_log_dir, read_run, recipe_command, run_jobs, train
+from diffzoo.study.tables import comparison_rows, comparisons_note, fmt, stats_table
 
 RECIPE = "recipes.mqar"
 FAMILY = FAMILIES["mqar"]  # val/acc, test/acc, percent
@@ -254,7 +247,7 @@ def score_start(job: dict, out: Path) -> dict:
     start = time.time()
     with _output_to(folder / f"{name}.log"):
         cli_main(["validate", *job["args"], *QUIET, *logger])
-    metrics = _last_logged(latest_log_dir(folder / name) / "metrics.csv")
+    metrics = last_logged(latest_log_dir(folder / name) / "metrics.csv")
     return _done({**job, "seconds": time.time() - start, "metrics": metrics}, metrics)
 
 
@@ -289,7 +282,7 @@ def _cell(values: list[float]) -> str:
     if not vals:
         return "–"
     sd = statistics.stdev(vals) if len(vals) > 1 else float("nan")
-    return f"{_f(statistics.mean(vals))} ± {_f(sd)}"
+    return f"{fmt(statistics.mean(vals))} ± {fmt(sd)}"
 
 
 def start_end_table(sources: Sequence[Source], records: Sequence[dict]) -> str:
@@ -321,8 +314,8 @@ def per_source_table(sources: Sequence[Source], records: Sequence[dict]) -> str:
         cells = []
         for arm in arms:
             r = next((r for r in records if r["source"] == s.name and r["arm"] == arm and r["kind"] != "step0"), None)
-            cells.append(_f(FAMILY.scale * metric_value(r, REPORTED)) if r else "–")
-        lines.append(f"| {s.name} | {s.seed} | {_f(FAMILY.scale * float(s.metrics.get(REPORTED, float('nan'))))} | "
+            cells.append(fmt(FAMILY.scale * metric_value(r, REPORTED)) if r else "–")
+        lines.append(f"| {s.name} | {s.seed} | {fmt(FAMILY.scale * float(s.metrics.get(REPORTED, float('nan'))))} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -357,13 +350,13 @@ def report(sources: Sequence[Source], records: Sequence[dict], plan: Plan, check
         "",
         stats_table(vs_softmax, REFERENCE, 2),
         "",
-        _comparisons_note(vs_softmax),
+        comparisons_note(vs_softmax),
         "",
         f"## Converted arms vs the same attention trained from scratch ({REPORTED}; scratch: the whole budget)",
         "",
         stats_table(vs_scratch, "scratch", 2, "attention"),
         "",
-        _comparisons_note(vs_scratch),
+        comparisons_note(vs_scratch),
         "",
         f"## Per source ({REPORTED} %, end of training)",
         "",
@@ -395,7 +388,7 @@ def plot_curves(sources: Sequence[Source], records: Sequence[dict], path: Path) 
     starts = {(r["source"], r["arm"]): r.get("metrics") for r in records if r["kind"] == "step0"}
     steps = {s.name: s.steps for s in sources}
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=90)
-    src_steps, src_ys = _mean_curve([{"curves": {"val/acc": s.curve}} for s in sources], "val/acc", FAMILY.scale)
+    src_steps, src_ys = mean_curve([{"curves": {"val/acc": s.curve}} for s in sources], "val/acc", FAMILY.scale)
     if src_steps:
         axes[1].plot(src_steps, src_ys, color="grey", marker=".", label=f"source softmax (n={len(sources)})")
     for arm in (*FINETUNED, *SCRATCH):
@@ -405,14 +398,14 @@ def plot_curves(sources: Sequence[Source], records: Sequence[dict], path: Path) 
         style = {"color": COLOURS[rs[0]["attn"]], "label": f"{arm} (n={len(rs)})"}
         if arm in FINETUNED:
             own = [{"curves": {"val/acc": _curve_points(r, starts.get((r["source"], arm)))}} for r in rs]
-            xs, ys = _mean_curve(own, "val/acc", FAMILY.scale)
+            xs, ys = mean_curve(own, "val/acc", FAMILY.scale)
             axes[0].plot(xs, ys, marker="." if len(xs) < 30 else None, **style)
             total = [{"curves": {"val/acc": _curve_points(r, starts.get((r["source"], arm)), steps[r["source"]])}}
                      for r in rs]
-            xs, ys = _mean_curve(total, "val/acc", FAMILY.scale)
+            xs, ys = mean_curve(total, "val/acc", FAMILY.scale)
             axes[1].plot(xs, ys, **style)
         else:
-            xs, ys = _mean_curve([{"curves": {"val/acc": _curve_points(r, None)}} for r in rs], "val/acc",
+            xs, ys = mean_curve([{"curves": {"val/acc": _curve_points(r, None)}} for r in rs], "val/acc",
                                  FAMILY.scale)
             axes[1].plot(xs, ys, ls="--", **style)
     axes[0].set(xlabel="fine-tuning step", ylabel="val/acc %", title="from the source model (step 0: converted)")

@@ -25,7 +25,6 @@ from diffzoo.data.mqar import MQARDataModule
 from diffzoo.tasks.monitor import GradNormMonitor
 from diffzoo.tasks.mqar import MQARRunSummary, MQARTask
 from recipes._cli import add_run_callbacks, launch
-from recipes._study import expand_quick
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "mqar.yaml"
 QUICK = ["--trainer.max_epochs", "1", "--data.steps_per_epoch", "4", "--data.num_val", "64",
@@ -45,7 +44,7 @@ class MQARCLI(LightningCLI):
 def cli_main(args: list[str] | None = None, run: bool = True) -> MQARCLI:
     """Run the recipe; ``args`` as on the command line (default ``sys.argv[1:]``); ``--quick`` for a smoke run."""
     return launch(MQARCLI, MQARTask, MQARDataModule, name="mqar", default_config=DEFAULT_CONFIG,
-                  args=expand_quick(args, QUICK), run=run)
+                  args=args, run=run, quick=QUICK)
 
 
 if __name__ == "__main__":

@@ -272,10 +272,13 @@ def test_lm_recipe_refuses_bad_settings_before_training(args: list[str], fragmen
 
 
 def _zero_batch_modules(tmp: Path) -> list[tuple[str, Callable[[], object], str]]:
+    import open_clip
+
     from diffzoo.data import DigitsDataModule, ImageFolderDataModule, ShardDataModule
     from diffzoo.data.image_text import ColoredDigitsDataModule
     from diffzoo.data.text import TextDataModule
 
+    tokenizer = open_clip.get_tokenizer("DiffCLIP-nano")
     corpus = tmp / "c.txt"
     corpus.write_text("hello world, some text. " * 400)
     folder = make_folder(tmp / "folder", per_class=2, classes=3)
@@ -289,7 +292,7 @@ def _zero_batch_modules(tmp: Path) -> list[tuple[str, Callable[[], object], str]
         ("shards", lambda: ShardDataModule(shards, shards, num_classes=3, train_samples=10, batch_size=4,
                                            **{**common, "num_workers": 4}),
          "2 per DataLoader worker (4 workers"),
-        ("coloured digits", lambda: ColoredDigitsDataModule(model="DiffCLIP-nano", limit=60, num_val=10, num_test=10,
+        ("coloured digits", lambda: ColoredDigitsDataModule(tokenizer=tokenizer, limit=60, num_val=10, num_test=10,
                                                             batch_size=64, colorings=1), "coloured digits)"),
     ]
 
@@ -420,6 +423,50 @@ def test_every_task_stops_on_a_non_finite_loss(task: str, tmp_path: Path, monkey
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 0
     assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob("summary.json"))
+
+
+@pytest.mark.parametrize("task,flag", [("lm", "max_epochs"), ("vit", "max_steps"), ("speech", "max_epochs"),
+                                       ("clip", "max_epochs")])
+def test_a_zero_training_budget_exports_nothing(task: str, flag: str, tmp_path: Path, monkeypatch,
+                                                tiny_clip: str) -> None:
+    """max_epochs 0 (or max_steps 0) would end fit at once and export the initial weights: refused."""
+    monkeypatch.chdir(tmp_path)
+    if task == "speech":
+        import diffzoo.data.speech as speech_data
+
+        monkeypatch.setattr(speech_data, "SynthConfig", lambda **kw: tiny_synth_config(tuple(kw["clips_per_word"])))
+    args = [f"--trainer.{flag}", "0"]
+    cli = {"lm": lambda: _lm_cli(tmp_path, args), "vit": lambda: _vit_cli(tmp_path, args),
+           "clip": lambda: _clip_cli(tmp_path, args, tiny_clip), "speech": lambda: _speech_cli(tmp_path, args)}[task]()
+    with pytest.raises(ValueError, match=rf"--trainer.{flag} 0 trains nothing, so there are no weights to export"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob("summary.json"))
+
+
+@pytest.mark.parametrize("recipe", ["cluttered_digits", "mqar"])
+def test_a_zero_epoch_command_line_ends_in_one_line_and_exports_nothing(recipe: str, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [recipe, "--quick", "--trainer.max_epochs", "0"])
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(f"recipes.{recipe}").cli_main()
+    assert str(info.value.code) == (f"python -m recipes.{recipe}: error: --trainer.max_epochs 0 trains nothing, so "
+                                    "there are no weights to export; give a positive --trainer.max_epochs (or use "
+                                    "the validate subcommand to score a model)")
+    assert not list(tmp_path.rglob("*.safetensors")) and not list(tmp_path.rglob("summary.json"))
+
+
+def test_a_fit_that_made_no_optimizer_step_exports_nothing() -> None:
+    """The check at the end of fit, for budgets that end before the first step in other ways (max_time)."""
+    from types import SimpleNamespace
+
+    from diffzoo.tasks.callbacks import require_trained
+
+    require_trained(SimpleNamespace(num_training_batches=4, global_step=1))
+    with pytest.raises(ValueError, match="fit ended after 0 training steps"):
+        require_trained(SimpleNamespace(num_training_batches=4, global_step=0))
 
 
 def test_a_diverging_lm_command_line_ends_in_one_line_and_exit_status_1(tmp_path: Path, monkeypatch) -> None:

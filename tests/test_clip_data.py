@@ -113,8 +113,12 @@ def test_dataset_targets_and_transforms(splits) -> None:
 
 
 def test_datamodule_batches_and_hard_negatives(tmp_path: Path) -> None:
-    dm = it.ColoredDigitsDataModule(model=register_tiny_clip(tmp_path), batch_size=32, limit=400, num_val=50,
+    import open_clip
+
+    tokenizer = open_clip.get_tokenizer(register_tiny_clip(tmp_path))
+    dm = it.ColoredDigitsDataModule(tokenizer=tokenizer, image_size=32, batch_size=32, limit=400, num_val=50,
                                     num_test=100, colorings=1)
+    assert "tokenizer" not in dm.hparams  # an object: kept out of hyper-parameters and checkpoints
     dm.setup("fit")
     x, tok = next(iter(dm.train_dataloader()))
     assert x.shape == (32, 3, 32, 32) and tok.shape == (32, 16) and tok.dtype == torch.long
@@ -213,3 +217,25 @@ def test_imagenet_folder_checks_and_classnames(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="2 class names for 3"):
         (tmp_path / "two.txt").write_text("a\nb\n")
         it.read_classnames(tmp_path / "two.txt", ["x", "y", "z"])
+
+
+def test_image_text_datamodules_take_the_model_inputs_and_name_a_missing_tokenizer(tmp_path: Path) -> None:
+    """The model's size and normalisation reach the images; without a tokenizer setup says what is missing."""
+    import open_clip
+
+    model = open_clip.create_model(register_tiny_clip(tmp_path))
+    size, mean, std = it.clip_image_settings(model)
+    assert size == 32 and mean == tuple(open_clip.OPENAI_DATASET_MEAN) and std == tuple(open_clip.OPENAI_DATASET_STD)
+    dm = it.ColoredDigitsDataModule(tokenizer=open_clip.get_tokenizer(TINY_CLIP), image_size=40, mean=(0.5,) * 3,
+                                    std=(0.25,) * 3, batch_size=8, limit=100, num_val=10, num_test=10)
+    dm.setup("fit")
+    x, _ = dm.train_set[0]
+    raw = dm.train_set.images[0].float()[None] / 255
+    expected = torch.nn.functional.interpolate(raw, size=(40, 40), mode="bicubic", align_corners=False)[0].clamp(0, 1)
+    torch.testing.assert_close(x, (expected - 0.5) / 0.25)
+    with pytest.raises(ValueError, match="ColoredDigitsDataModule needs the model's tokenizer"):
+        it.ColoredDigitsDataModule(limit=100, num_val=10, num_test=10).setup("fit")
+    shards = it.write_image_text_shards(_pairs(2), tmp_path / "t-%d.tar")
+    with pytest.raises(ValueError, match="ImageTextShardDataModule needs the model's tokenizer"):
+        it.ImageTextShardDataModule(shards, train_samples=2).setup("fit")
+

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, TensorDataset
 
+from diffzoo.data.image_text import clip_image_settings
 from recipes.clip import CONFIG_DIR, cli_main
 
 from conftest import QUIET_CPU_TRAINER, printed_config, train_losses  # tests/ is on sys.path
@@ -51,7 +52,11 @@ def test_fit_resume_and_zeroshot_of_the_checkpoint(tiny: str, tmp_path: Path, mo
     cfg = _digits_config(tmp_path / "c.yaml", tiny)
     straight = cli_main(["fit", "--config", str(cfg), "--trainer.max_epochs", "2"])
     assert straight.trainer.global_step == 8  # 200 training digits / 50, 2 epochs
-    assert straight.datamodule.hparams.model == tiny  # linked from model.model
+    # the data got the built model's tokenizer, input size and normalisation
+    assert straight.datamodule.tokenizer is straight.model.tokenizer
+    settings = clip_image_settings(straight.model.model)
+    assert (straight.datamodule.hparams.image_size, tuple(straight.datamodule.hparams.mean),
+            tuple(straight.datamodule.hparams.std)) == settings
     losses = train_losses(straight.trainer.log_dir)
     assert len(losses) == 8 and np.mean(losses[-3:]) < losses[0]
     summary = json.loads(Path(straight.trainer.log_dir, "summary.json").read_text())
@@ -140,7 +145,7 @@ def test_shard_config_trains_and_scores_folder_and_shards(tiny: str, tmp_path: P
         "--trainer.accelerator", "cpu", "--trainer.precision", "32", "--trainer.max_steps", "2",
         "--trainer.enable_progress_bar", "false", "--trainer.log_every_n_steps", "1",
     ])
-    assert cli.trainer.global_step == 2 and cli.datamodule.hparams.model == tiny
+    assert cli.trainer.global_step == 2 and cli.datamodule.tokenizer is cli.model.tokenizer
     m = cli.trainer.callback_metrics
     assert 0 <= float(m["val/zs_top1"]) <= 1 and float(m["val/zs_top5"]) == 1.0  # 3 classes
     # 3 distinct captions among 6 val pairs, merged: recall@10 over 3 texts always finds the caption

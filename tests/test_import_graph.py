@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "diffzoo"
 
 # Subpackage -> the subpackages it may import. kernels and layers import nothing above them; data sets
 # know no model (a recipe passes the model's input settings to a DataModule); analysis measures layers
-# and reads needle spans from data; tasks use everything below them.
+# and reads needle spans from data; tasks use everything below them; the study harness runs recipes in
+# processes of their own and reads only the variant names (layers) and the divergence record's name (tasks).
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "layers": {"kernels"},
@@ -25,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"kernels", "layers", "data"},
     "data": set(),
     "tasks": {"kernels", "layers", "models", "data", "analysis"},
+    "study": {"layers", "tasks"},
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -265,7 +266,7 @@ def test_grad_norm_monitor_stops_a_diverging_run(tmp_path):
 def test_quick_recipes_write_summary_and_grad_norm(tmp_path, recipe, attn, metric):
     import importlib
 
-    from recipes._study import read_run
+    from diffzoo.study.runs import read_run
 
     mod = importlib.import_module(f"recipes.{recipe}")
     mod.cli_main(["--quick", "--model.attn", attn, "--trainer.logger.init_args.save_dir", str(tmp_path),
@@ -276,8 +277,8 @@ def test_quick_recipes_write_summary_and_grad_norm(tmp_path, recipe, attn, metri
 
 
 def test_mqar_queries_scores_a_run_query_by_query(tmp_path, capsys):
+    from diffzoo.study.runs import read_run
     from recipes import mqar, mqar_queries
-    from recipes._study import read_run
 
     mqar.cli_main(["--quick", "--model.attn", "softmax", "--trainer.logger.init_args.save_dir", str(tmp_path),
                    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
@@ -298,7 +299,7 @@ def test_mqar_queries_scores_a_run_query_by_query(tmp_path, capsys):
 def _fake_run(values):
     """A stand-in for one training: val metric from ``values[(variant, lr)]`` plus the seed."""
     def run(family, out, variant, lr, seed, quick, extra, knob=None):
-        from recipes.sweep import run_name
+        from diffzoo.study.families import run_name
 
         base = values[(variant, lr)] + (float(knob[1]) / 100 if knob else 0.0)
         v = base + 0.01 * (seed % 5)
@@ -312,7 +313,7 @@ def _fake_run(values):
 
 
 def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
-    from recipes import sweep
+    from diffzoo.study import sweep
 
     values = {("softmax", 1e-3): 0.50, ("softmax", 3e-3): 0.60, ("softmax", 6e-3): 0.90,
               ("diff", 1e-3): 0.70, ("diff", 3e-3): 0.65, ("diff", 6e-3): 0.95}
@@ -350,7 +351,7 @@ def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
 
 
 def test_sweep_with_no_final_seeds_reports_the_grid_only(tmp_path, monkeypatch):
-    from recipes import sweep
+    from diffzoo.study import sweep
 
     monkeypatch.setattr(sweep, "train_run", _fake_run({("softmax", 1e-3): 0.5, ("diff", 1e-3): 0.7}))
     out = tmp_path / "grid"
@@ -363,7 +364,7 @@ def test_sweep_with_no_final_seeds_reports_the_grid_only(tmp_path, monkeypatch):
 
 
 def test_sweep_refuses_to_mix_set_ups_and_takes_lrs_from_another_sweep(tmp_path, monkeypatch, capsys):
-    from recipes import sweep
+    from diffzoo.study import sweep
 
     values = {("softmax", 1e-3): 0.5, ("softmax", 3e-3): 0.6, ("diff", 1e-3): 0.7, ("diff", 3e-3): 0.65}
     calls = []
@@ -394,7 +395,7 @@ def test_sweep_refuses_to_mix_set_ups_and_takes_lrs_from_another_sweep(tmp_path,
 
 
 def test_sweep_rejects_unknown_variant_and_knob(tmp_path, capsys):
-    from recipes import sweep
+    from diffzoo.study import sweep
 
     with pytest.raises(SystemExit):
         sweep.main(["--family", "vit", "--variants", "diff_v2", "--out", str(tmp_path)])
@@ -407,7 +408,7 @@ def test_sweep_rejects_unknown_variant_and_knob(tmp_path, capsys):
 @pytest.mark.slow
 def test_sweep_quick_end_to_end(tmp_path):
     """Real processes: the quick grid, final runs and random-init scores of MQAR."""
-    from recipes import sweep
+    from diffzoo.study import sweep
 
     out = tmp_path / "sw"
     res = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "3e-3", "--seeds", "1",
@@ -418,41 +419,60 @@ def test_sweep_quick_end_to_end(tmp_path):
 
 
 def test_chance_rows_report_every_logged_score_but_not_losses_or_counts():
-    from recipes import sweep
+    from diffzoo.study import FAMILIES, tables
 
-    family = sweep.FAMILIES["clip"]
+    family = FAMILIES["clip"]
     scored = [{"variant": "softmax", "seed": s, "metrics": {
         "val/zs_top1": 0.1 + s / 100, "val/zs_pair": 0.7 + s / 10, "val/loss": 4.0, "val/evaluated": 300.0,
         "val/skipped": 0.0, "train/loss": 9.0}} for s in range(3)]
-    rows = {r["metric"]: r for r in sweep.chance_rows(family, scored)}
+    rows = {r["metric"]: r for r in tables.chance_rows(family, scored)}
     assert set(rows) == {"val/zs_top1", "val/zs_pair (%)"}
     assert rows["val/zs_pair (%)"]["mean"] == pytest.approx(80.0) and rows["val/zs_pair (%)"]["n"] == 3
     assert (rows["val/zs_top1"]["min"], rows["val/zs_top1"]["max"]) == pytest.approx((10.0, 12.0))
 
 
 def test_chance_rows_keep_other_scores_as_logged_in_a_family_of_losses():
-    from recipes import sweep
+    from diffzoo.study import FAMILIES, tables
 
     scored = [{"variant": "softmax", "seed": s, "metrics": {"val/loss": 5.0 + s / 10, "val/ppl": 150.0 + s}}
               for s in range(2)]
-    rows = {r["metric"]: r for r in sweep.chance_rows(sweep.FAMILIES["lm"], scored)}
+    rows = {r["metric"]: r for r in tables.chance_rows(FAMILIES["lm"], scored)}
     assert set(rows) == {"val/loss", "val/ppl"}  # no "(%)": a perplexity is not a fraction
     assert rows["val/ppl"]["mean"] == pytest.approx(150.5) and rows["val/loss"]["mean"] == pytest.approx(5.05)
 
 
 def test_ablation_rows_compare_each_variant_with_its_parent():
-    from recipes import sweep
+    from diffzoo.study import FAMILIES, tables
 
-    family = sweep.FAMILIES["cluttered"]
+    family = FAMILIES["cluttered"]
     values = {"softmax": [0.50, 0.52, 0.54], "softmax_wide": [0.48, 0.49, 0.50], "diff": [0.40, 0.41, 0.42],
               "diff_const": [0.40, 0.41, 0.43]}
     runs = [{"variant": v, "summary": {"metrics": {"test/top1": x}}} for v, xs in values.items() for x in xs]
-    rows = {r["variant"]: r for r in sweep.ablation_rows(family, runs, "test/top1")}
+    rows = {r["variant"]: r for r in tables.ablation_rows(family, runs, "test/top1")}
     # pairs whose variants both ran, each against its own parent (diff_nonorm and diff_v2_matched absent)
     assert {v: r["parent"] for v, r in rows.items()} == {"softmax_wide": "softmax", "diff": "softmax_wide",
                                                         "diff_const": "diff"}
     assert rows["diff"]["vs"]["diff"] == pytest.approx(100 * (0.41 - 0.49))
     assert rows["diff"]["vs"]["p_perm"] == pytest.approx(0.1)  # 3 vs 3, fully separated
     assert rows["diff"]["p_holm"] == pytest.approx(min(1.0, 3 * 0.1))  # smallest of 3 p-values, Holm x3
-    table = sweep.ablation_table(list(rows.values()), 2)
+    table = tables.ablation_table(list(rows.values()), 2)
     assert table.count("\n") == 4 and "| diff | softmax_wide |" in table
+
+
+def test_the_study_library_reads_records_without_lightning_and_recipes_sweep_is_its_command_line():
+    """diffzoo.study loads (and reads a record) with no Lightning import: the trainings run elsewhere."""
+    import subprocess
+    import sys
+
+    code = ("import sys, json, pathlib; import diffzoo.study.sweep as s; from diffzoo.study import tables; "
+            "r = json.loads(pathlib.Path('docs/results/study/vit.json').read_text()); "
+            "tables.best_lrs(s.FAMILIES['vit'], list(r['runs'].values())); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    from diffzoo.study import FAMILIES, sweep
+    from recipes import sweep as entry
+
+    assert entry.main is sweep.main
+    assert all(f.config.is_file() for f in FAMILIES.values())  # each recipe's default config is found

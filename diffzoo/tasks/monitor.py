@@ -13,7 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from .callbacks import DIVERGENCE_FILE, stop_diverged
+from .callbacks.guard import DIVERGENCE_FILE, stop_diverged
 
 __all__ = ["DIVERGENCE_FILE", "GradNormMonitor", "grad_norm"]
 

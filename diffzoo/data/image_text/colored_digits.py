@@ -1,0 +1,284 @@
+"""The embedded image-text default: coloured MNIST digits with captions and held-out colour pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from ..embedded import load_mnist_5k
+from ..modules import check_train_loader, epoch_sampler
+from .inputs import OPENAI_MEAN, OPENAI_STD, ToFloatTensor, require_tokenizer
+
+# Colour names and their RGB values; kept far apart so that a 32x32 rendering is unambiguous.
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 50),
+    "blue": (40, 70, 230),
+    "yellow": (240, 220, 30),
+    "white": (245, 245, 245),
+    "black": (10, 10, 10),
+}
+COLOR_NAMES: tuple[str, ...] = tuple(PALETTE)
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+CAPTION_TEMPLATES: tuple[str, ...] = ("a {}",)  # class name "red seven on a blue background" -> the caption
+
+
+def color_pairs(num_colors: int = len(PALETTE)) -> list[tuple[int, int]]:
+    """All ordered ``(fg, bg)`` colour index pairs with ``fg != bg``, in a fixed order."""
+    return [(f, b) for f in range(num_colors) for b in range(num_colors) if f != b]
+
+
+def heldout_pairs(num_colors: int = len(PALETTE)) -> list[tuple[int, int]]:
+    """The ``(fg, bg)`` pairs never shown in training: ``(c, c + 1 mod n)`` for every colour ``c``.
+
+    Every colour is held out once as foreground and once as background, and the swapped pair
+    ``(c + 1, c)`` stays in training, so a model must bind each colour to digit or background.
+    """
+    return [(c, (c + 1) % num_colors) for c in range(num_colors)]
+
+
+def caption(digit: int, fg: int, bg: int) -> str:
+    """``"a red seven on a blue background"`` for digit 7, foreground red, background blue."""
+    return CAPTION_TEMPLATES[0].format(class_name(digit, fg, bg))
+
+
+def class_name(digit: int, fg: int, bg: int) -> str:
+    """The zero-shot class name of a (digit, fg, bg) combination: ``"red seven on a blue background"``."""
+    return f"{COLOR_NAMES[fg]} {DIGIT_WORDS[digit]} on a {COLOR_NAMES[bg]} background"
+
+
+def digit_classes(num_colors: int = len(PALETTE)) -> tuple[list[str], dict[tuple[int, int, int], int]]:
+    """All ``10 x n(n-1)`` class names (every digit and colour pair) and the ``(digit, fg, bg) -> index`` map."""
+    names, index = [], {}
+    for d in range(10):
+        for f, b in color_pairs(num_colors):
+            index[(d, f, b)] = len(names)
+            names.append(class_name(d, f, b))
+    return names, index
+
+
+def render_digits(digits: Tensor, fg: Tensor, bg: Tensor, offsets: Tensor, size: int = 32) -> Tensor:
+    """Colour grey digits: ``bg + (grey / 255) * (fg - bg)`` on a ``size`` x ``size`` canvas.
+
+    Args:
+        digits: uint8 ``(N, 28, 28)`` grey digits (white strokes on black).
+        fg, bg: ``(N,)`` colour indices into :data:`PALETTE`.
+        offsets: ``(N, 2)`` top-left ``(y, x)`` of the digit on the canvas, each in ``0..size-28``.
+
+    Returns:
+        uint8 ``(N, 3, size, size)``.
+    """
+    rgb = torch.tensor(list(PALETTE.values()), dtype=torch.float32)  # (C, 3)
+    alpha = torch.zeros(len(digits), 1, size, size)
+    for i, (y, x) in enumerate(offsets.tolist()):
+        alpha[i, 0, y : y + 28, x : x + 28] = digits[i].float() / 255.0
+    f, b = rgb[fg][:, :, None, None], rgb[bg][:, :, None, None]  # (N, 3, 1, 1)
+    return (b + alpha * (f - b)).round().clamp(0, 255).to(torch.uint8)
+
+
+class ColoredDigits(Dataset):
+    """One split of the coloured digits: uint8 images, their captions, digits and colours.
+
+    Items are ``(transform(image), target)`` with target chosen by ``target``: ``"tokens"`` (the caption
+    tokenised by ``tokenizer``; training and retrieval), ``"label"`` (index into :func:`digit_classes`;
+    zero-shot classification) or ``"caption"`` (the string).
+
+    Args:
+        images: uint8 ``(N, 3, H, W)``.
+        digits, fg, bg: ``(N,)`` digit labels and colour indices.
+        transform: applied to the uint8 ``(3, H, W)`` tensor, or to a PIL image with ``as_pil=True``
+            (open_clip's ``preprocess``); default :class:`ToFloatTensor` (OpenAI mean/std, no resize).
+        tokenizer: a callable ``list[str] -> (n, context_length)`` token tensor (open_clip's tokenizers).
+        target: ``"tokens"``, ``"label"`` or ``"caption"``.
+        as_pil: hand ``transform`` a PIL image instead of a tensor.
+    """
+
+    def __init__(
+        self,
+        images: Tensor,
+        digits: Tensor,
+        fg: Tensor,
+        bg: Tensor,
+        transform: Callable | None = None,
+        tokenizer: Callable | None = None,
+        target: str = "tokens",
+        as_pil: bool = False,
+    ) -> None:
+        if target not in ("tokens", "label", "caption"):
+            raise ValueError(f"target={target!r}; expected 'tokens', 'label' or 'caption'")
+        if target == "tokens" and tokenizer is None:
+            raise ValueError("target='tokens' needs a tokenizer (e.g. open_clip.get_tokenizer(model_name))")
+        if as_pil and transform is None:
+            raise ValueError("as_pil=True needs a transform that turns the PIL image into a tensor")
+        self.images, self.digits, self.fg, self.bg = images, digits, fg, bg
+        self.transform = transform if transform is not None else ToFloatTensor()
+        self.target, self.as_pil = target, as_pil
+        self.captions = [caption(d, f, b) for d, f, b in zip(digits.tolist(), fg.tolist(), bg.tolist())]
+        _, index = digit_classes()
+        self.labels = torch.tensor([index[k] for k in zip(digits.tolist(), fg.tolist(), bg.tolist())], dtype=torch.long)
+        self.tokens: Tensor | None = None
+        if tokenizer is not None:  # few distinct captions: tokenise each once
+            unique = sorted(set(self.captions))
+            table = tokenizer(unique)
+            row = {c: i for i, c in enumerate(unique)}
+            self.tokens = table[torch.tensor([row[c] for c in self.captions], dtype=torch.long)]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        image = self.images[index]
+        if self.as_pil:
+            image = Image.fromarray(image.permute(1, 2, 0).numpy())
+        x = self.transform(image)
+        if self.target == "tokens":
+            return x, self.tokens[index]
+        if self.target == "label":
+            return x, int(self.labels[index])
+        return x, self.captions[index]
+
+
+def colored_digit_splits(
+    num_val: int = 500,
+    num_test: int = 1000,
+    colorings: int = 1,
+    size: int = 32,
+    seed: int = 0,
+    limit: int | None = None,
+) -> dict[str, dict[str, Tensor]]:
+    """Render the coloured-digit splits (deterministic for a given ``seed``).
+
+    The MNIST images are split into disjoint train / val / test sets. Train (``colorings`` colourings of
+    each digit image) and val (one colouring) use only the seen ``(fg, bg)`` pairs; test uses only the
+    :func:`heldout_pairs`. Each digit lands at a random offset on the ``size`` x ``size`` canvas.
+
+    Returns:
+        ``{"train"|"val"|"test": {"images": uint8 (N, 3, size, size), "digits", "fg", "bg": (N,)}}``.
+    """
+    if size < 28:
+        raise ValueError(f"size={size}: the 28x28 digits need a canvas of at least 28 pixels")
+    if colorings < 1:
+        raise ValueError(f"colorings={colorings} must be at least 1")
+    grey, labels = load_mnist_5k()
+    perm = torch.randperm(len(grey), generator=torch.Generator().manual_seed(seed))
+    if limit is not None:
+        perm = perm[:limit]
+    n = len(perm)
+    if num_val + num_test >= n:
+        raise ValueError(f"num_val={num_val} + num_test={num_test} leave no training digits out of {n}")
+    idx = {"test": perm[:num_test], "val": perm[num_test : num_test + num_val], "train": perm[num_test + num_val :]}
+    held = torch.tensor(heldout_pairs())
+    seen = torch.tensor([p for p in color_pairs() if p not in heldout_pairs()])
+
+    def coloring(pairs: Tensor, tag: int) -> tuple[Tensor, Tensor]:
+        # One (pair, offset) per MNIST image, drawn for all 5,000: an image is coloured the same whatever
+        # limit / num_val / num_test are, so a subset of a split is the same images in the same colours.
+        g = torch.Generator().manual_seed(seed * 1_000_003 + tag)
+        return pairs[torch.randint(len(pairs), (len(grey),), generator=g)], torch.randint(0, size - 27, (len(grey), 2), generator=g)
+
+    out = {}
+    for split, which in idx.items():
+        tags = [0] if split == "test" else range(1, 1 + (colorings if split == "train" else 1))
+        parts = [tuple(t[which] for t in coloring(held if split == "test" else seen, tag)) for tag in tags]
+        choice, offsets = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        which = which.repeat(len(parts))
+        fg, bg = choice[:, 0].contiguous(), choice[:, 1].contiguous()
+        out[split] = {
+            "images": render_digits(grey[which], fg, bg, offsets, size),
+            "digits": labels[which].clone(),
+            "fg": fg,
+            "bg": bg,
+        }
+    return out
+
+
+class ColoredDigitsDataModule(pl.LightningDataModule):
+    """The embedded default for CLIP: coloured MNIST digits with captions and held-out colour pairs.
+
+    Batches: training and the first validation loader give ``(images, tokens)`` (retrieval on seen
+    combinations); the second validation loader gives ``(images, labels)`` over the held-out pairs, to be
+    scored zero-shot against :attr:`zeroshot_classnames` with :attr:`zeroshot_templates`.
+    :attr:`zeroshot_hard_negative` maps each class to its colour-swapped class (binding test).
+    ``test`` scores the same two loaders; ``predict`` classifies the held-out-pair images zero-shot.
+
+    The model's input settings are passed in (``recipes.clip`` hands over its model's): the tokenizer, the
+    input size and the normalisation (:func:`~diffzoo.data.image_text.inputs.clip_image_settings`).
+
+    Args:
+        tokenizer: ``list[str] -> (n, context_length)`` tokens, the model's (``open_clip.get_tokenizer``).
+        image_size: model input size; None keeps the 32x32 canvas.
+        mean, std: the model's image normalisation.
+        batch_size: per-device batch size.
+        num_workers: DataLoader workers (0 is fastest for these in-memory tensors).
+        seed: seed of the training order.
+        split_seed: seed of the split and the colouring (kept fixed across runs being compared).
+        num_val: digit images of the seen-pair validation split (retrieval).
+        num_test: digit images of the held-out-pair zero-shot split.
+        colorings: colourings of each training digit image (a fixed, larger training set).
+        limit: use only ``limit`` digit images (tests).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Callable[[list[str]], Tensor] | None = None,
+        image_size: int | None = None,
+        mean: Sequence[float] = OPENAI_MEAN,
+        std: Sequence[float] = OPENAI_STD,
+        batch_size: int = 128,
+        num_workers: int = 0,
+        seed: int = 0,
+        split_seed: int = 0,
+        num_val: int = 500,
+        num_test: int = 1000,
+        colorings: int = 1,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["tokenizer"])  # an object: not in hyper-parameters or checkpoints
+        self.tokenizer = tokenizer
+        self.zeroshot_classnames, index = digit_classes()
+        self.zeroshot_templates = list(CAPTION_TEMPLATES)
+        self.zeroshot_hard_negative = torch.tensor([index[(d, b, f)] for (d, f, b) in index], dtype=torch.long)
+        self.data_name = "coloured MNIST digits"
+        self.train_set: ColoredDigits | None = None
+        self.val_set: ColoredDigits | None = None
+        self.test_set: ColoredDigits | None = None
+        self.num_bad = 0
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is not None:
+            return
+        require_tokenizer(self.tokenizer, "ColoredDigitsDataModule")
+        hp, tokenizer = self.hparams, self.tokenizer
+        transform = ToFloatTensor(hp.image_size, hp.mean, hp.std)
+        splits = colored_digit_splits(hp.num_val, hp.num_test, hp.colorings, 32, hp.split_seed, hp.limit)
+        self.train_set = ColoredDigits(**splits["train"], transform=transform, tokenizer=tokenizer)
+        self.val_set = ColoredDigits(**splits["val"], transform=transform, tokenizer=tokenizer)
+        self.test_set = ColoredDigits(**splits["test"], transform=transform, target="label")
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        loader = DataLoader(
+            self.train_set, batch_size=hp.batch_size, sampler=epoch_sampler(self.train_set, hp.seed),
+            num_workers=hp.num_workers, drop_last=True, persistent_workers=hp.num_workers > 0,
+        )
+        return check_train_loader(loader, f"the training split ({len(self.train_set)} coloured digits)")
+
+    def val_dataloader(self) -> list[DataLoader]:
+        hp = self.hparams
+        return [
+            DataLoader(self.val_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers),
+            DataLoader(self.test_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers),
+        ]
+
+    test_dataloader = val_dataloader
+
+    def predict_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(self.test_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)

@@ -1,0 +1,94 @@
+"""Training runs of a study: each one ``python -m <recipe>`` in a fresh process, several at a time, and a
+finished run read back from its log folder (summary, curves, divergence record, last logged values)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def recipe_command(recipe: str, out: Path, name: str, args: Sequence[str]) -> list[str]:
+    """``python -m <recipe> <args>`` logging CSV to ``out/name/version_N`` with no progress bar."""
+    return [
+        sys.executable, "-m", recipe, *args, "--trainer.logger.init_args.save_dir", str(out),
+        "--trainer.logger.init_args.name", name, "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false",
+    ]
+
+
+def latest_log_dir(folder: Path) -> Path:
+    """The newest ``version_N`` folder of a run."""
+    versions = list(folder.glob("version_*"))
+    if not versions:
+        raise FileNotFoundError(f"no finished run in {folder} (no version_* folder)")
+    return max(versions, key=lambda p: int(p.name.split("_")[1]))
+
+
+def read_run(folder: Path, curves: Sequence[str], steps: bool = False) -> dict:
+    """``{"summary", "curves"}`` of the newest run in ``folder``: ``summary.json`` and, per key of
+    ``curves``, the values logged in ``metrics.csv`` (``[step, value]`` pairs with ``steps=True``)."""
+    log_dir = latest_log_dir(folder)
+    out: dict[str, list] = {key: [] for key in curves}
+    with open(log_dir / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            for key in out:
+                if row.get(key):
+                    out[key].append([int(row["step"]), float(row[key])] if steps else float(row[key]))
+    return {"summary": json.loads((log_dir / "summary.json").read_text()), "curves": out}
+
+
+def last_logged(metrics_csv: Path) -> dict[str, float]:
+    """Every value of a ``metrics.csv`` as last logged (the columns ``epoch`` and ``step`` left out)."""
+    values: dict[str, float] = {}
+    with open(metrics_csv) as f:
+        for row in csv.DictReader(f):
+            values.update({k: float(v) for k, v in row.items() if v not in (None, "") and k not in ("epoch", "step")})
+    return values
+
+
+def read_divergence(run_dir: Path) -> dict | None:
+    """The divergence record a run left in its newest log folder
+    (:data:`~diffzoo.tasks.callbacks.DIVERGENCE_FILE`), None if it has none."""
+    from ..tasks.callbacks.guard import DIVERGENCE_FILE  # here: reading a study's results needs no Lightning
+
+    try:
+        div = latest_log_dir(run_dir) / DIVERGENCE_FILE
+    except FileNotFoundError:
+        return None
+    return json.loads(div.read_text()) if div.is_file() else None
+
+
+def train(command: list[str], log: Path) -> float:
+    """Run one training command with its output in ``log``; returns the wall time. Fails loudly."""
+    start = time.time()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise RuntimeError(f"training failed (exit {proc.returncode}); see {log}")
+    return time.time() - start
+
+
+def run_jobs(jobs: Sequence, run: Callable, parallel: int, on_result: Callable[[list], None] | None = None) -> list:
+    """``run(job)`` for every job, ``parallel`` at a time (threads waiting on processes), results in job
+    order; ``on_result(results so far)`` after each one finishes (e.g. to save them)."""
+    done: dict[int, object] = {}
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        result = run(jobs[i])
+        with lock:
+            done[i] = result
+            if on_result is not None:
+                on_result([done[k] for k in sorted(done)])
+
+    with ThreadPoolExecutor(max(1, parallel)) as pool:
+        list(pool.map(one, range(len(jobs))))
+    return [done[i] for i in range(len(jobs))]

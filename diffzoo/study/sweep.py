@@ -1,0 +1,275 @@
+"""Learning rate tuned per attention variant, then final seeds, with real statistics.
+
+    OMP_NUM_THREADS=1 python -m recipes.sweep --family mqar --variants softmax diff \\
+        --lrs 3e-4 1e-3 3e-3 6e-3 --seeds 2 --final-seeds 5 --jobs 2
+    OMP_NUM_THREADS=1 python -m recipes.sweep --family cluttered --knob data.k --values 0 4 8 16 --jobs 2
+    OMP_NUM_THREADS=1 python -m recipes.sweep --family mqar --chance 5           # random-init scores only
+    python -m recipes.sweep --family mqar --quick                                # seconds: the pipeline only
+
+**Sweep.** For every variant, every learning rate of ``--lrs`` is trained with ``--seeds`` seeds (0, 1,
+...). Each variant's best learning rate is the one with the best mean *validation* metric (an lr at
+which any seed diverged ranks below every lr without a divergence). That variant is then trained at its
+best lr with ``--final-seeds`` new seeds (100, 101, ...; the grid seeds are not reused, so the reported
+values carry no selection bias) and the final runs are scored on the family's test metric (validation
+where the task has no test split). Every other variant is compared with ``--reference`` (default
+``softmax``) by :func:`diffzoo.stats.compare` (Welch's t and 95 % interval of the difference, exact
+permutation p) with Holm's correction over the comparisons of the table.
+
+**Knob** (``--knob ARG --values ...``, mqar and cluttered): each variant at its best lr of the earlier
+sweep in the same folder (or in ``--lrs-from RESULTS``, or the single ``--lrs`` value) is trained with ``--final-seeds`` seeds at
+every knob value; the table and plot show the metric against the knob.
+
+**Chance** (``--chance N``): every variant is scored untrained, ``N`` initialisations each (the recipe's
+``validate`` subcommand without a checkpoint), to show the metric's distribution under random init.
+
+Every run is ``python -m <recipe>`` in a fresh process (:mod:`diffzoo.study.runs`), logging the validation
+metric and ``train/grad_norm`` (:class:`diffzoo.tasks.monitor.GradNormMonitor`); a run that meets a
+non-finite loss stops and is reported as diverged. Written to ``--out`` (default
+``outputs/sweep/<family>/``): ``results.json`` (every run, reused on the next call unless ``--fresh``;
+a folder whose runs were trained with other extra arguments or ``--quick`` is refused rather than mixed),
+``sweep.md`` / ``knob.md`` / ``chance.md`` and ``curves.png`` / ``knob.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .families import FAMILIES, Family, lr_tag, metric_value, run_name
+from .plots import plot_curves, plot_knob
+from .runs import last_logged, latest_log_dir, read_divergence, read_run, recipe_command, run_jobs, train
+from .tables import (
+    ablation_rows,
+    ablation_table,
+    best_lrs,
+    chance_rows,
+    chance_table,
+    comparison_rows,
+    comparisons_note,
+    divergence_text,
+    grid_text,
+    stats_table,
+)
+
+
+def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, quick: bool, extra: Sequence[str],
+              knob: tuple[str, str] | None = None) -> dict:
+    """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health."""
+    name = run_name(variant, lr, seed, knob)
+    args = [*family.base_args, *family.variants[variant], "--model.lr", lr_tag(lr), *family.seed_args(seed),
+            *family.monitor_args, *(family.quick if quick else ()), *(("--" + knob[0], knob[1]) if knob else ()), *extra]
+    runs = out / "runs"
+    record: dict[str, Any] = {"name": name, "variant": variant, "lr": lr, "seed": seed,
+                              "knob": list(knob) if knob else None}
+    try:
+        record["seconds"] = train(recipe_command(family.recipe, runs, name, args), runs / f"{name}.log")
+        record.update(read_run(runs / name, (family.val_metric, "train/grad_norm"), steps=True))
+        record["diverged"] = read_divergence(runs / name)
+    except (RuntimeError, FileNotFoundError) as e:
+        # a run that diverged stops with an error on purpose (and writes its divergence record): not a failure
+        diverged = read_divergence(runs / name)
+        record.update(failed=None if diverged else str(e), diverged=diverged, summary={}, curves={})
+    v = metric_value(record, family.val_metric)
+    if not record.get("failed") and not math.isfinite(v) and record["diverged"] is None:
+        record["diverged"] = {"what": family.val_metric, "value": str(v)}
+    print(f"done: {name}: {family.val_metric} {v:.4g}"
+          + (" (diverged)" if record["diverged"] else "") + (f" FAILED: {record['failed']}" if record.get("failed") else ""),
+          flush=True)
+    return record
+
+
+def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Sequence[str], parallel: int,
+            cache: dict[str, dict], save: Callable[[], None]) -> list[dict]:
+    """Train every job not in ``cache`` (keyed by run name); the records of all jobs, in order."""
+    todo = [j for j in jobs if run_name(*j) not in cache]
+
+    def one(job: tuple) -> dict:
+        return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None)
+
+    def store(done: list[dict]) -> None:
+        for r in done:
+            cache[r["name"]] = r
+        save()
+
+    run_jobs(todo, one, parallel, store)
+    return [cache[run_name(*j)] for j in jobs]
+
+
+def score_untrained(family: Family, out: Path, variant: str, seed: int, quick: bool, extra: Sequence[str]) -> dict:
+    """The metrics of a randomly initialised ``variant`` (seed ``seed``): the recipe's ``validate``
+    subcommand without a checkpoint."""
+    name = f"{variant}_seed{seed}"
+    folder = out / "chance"
+    limits = ("--trainer.limit_val_batches", "2") if quick else ()
+    cmd = recipe_command(family.recipe, folder, name, [
+        "--config", str(family.config), *family.base_args, *family.variants[variant], *family.seed_args(seed),
+        *limits, *extra])
+    cmd.insert(3, "validate")  # python -m <recipe> validate --config ...
+    seconds = train(cmd, folder / f"{name}.log")
+    return {"variant": variant, "seed": seed, "seconds": seconds, "metrics": last_logged(
+        latest_log_dir(folder / name) / "metrics.csv")}
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m recipes.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", required=True, choices=list(FAMILIES))
+    p.add_argument("--variants", nargs="+", default=None, help="variants (default: softmax diff)")
+    p.add_argument("--reference", default="softmax", help="the variant every other one is compared with")
+    p.add_argument("--lrs", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3, 6e-3])
+    p.add_argument("--seeds", type=int, default=2, help="seeds per (variant, lr) of the grid")
+    p.add_argument("--final-seeds", type=int, default=5, help="seeds of the final runs at the best lr")
+    p.add_argument("--jobs", type=int, default=1, help="trainings at once (one process each)")
+    p.add_argument("--knob", default=None, help="a data argument to sweep (mqar: data.num_pairs, data.filler, "
+                                                "data.seq_len; cluttered: data.k, data.canvas; speech: "
+                                                "data.init_args.snr_fixed_db)")
+    p.add_argument("--values", nargs="+", default=None, help="values of --knob")
+    p.add_argument("--chance", type=int, default=0, metavar="N", help="score N random initialisations per variant")
+    p.add_argument("--quick", action="store_true", help="smoke mode: each training is the recipe's few-step run")
+    p.add_argument("--fresh", action="store_true", help="retrain runs already in results.json")
+    p.add_argument("--lrs-from", type=Path, default=None, metavar="RESULTS",
+                   help="with --knob: each variant's lr from the results.json of another sweep (default: this --out's)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/sweep/<family>)")
+    args, extra = p.parse_known_args(argv)
+
+    family = FAMILIES[args.family]
+    variants = args.variants or [v for v in family.default_variants if v in family.variants]
+    unknown = [v for v in variants if v not in family.variants]
+    if unknown:
+        p.error(f"--variants {' '.join(unknown)}: family {args.family} accepts {', '.join(family.variants)}")
+    reference = args.reference if args.reference in variants else variants[0]
+    if args.knob is not None:
+        if args.knob not in family.knobs:
+            p.error(f"--knob {args.knob}: family {args.family} has the knobs {', '.join(family.knobs) or 'none'}")
+        if not args.values:
+            p.error("--knob needs --values")
+    out = args.out or Path("outputs/sweep") / args.family
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results = _load(results_path)
+    cache: dict[str, dict] = {} if args.fresh else dict(results.get("runs", {}))
+    made_with = {"extra": results.get("extra", []), "quick": results.get("quick", False)}
+    wanted = {"extra": list(extra), "quick": args.quick}
+    if cache and not args.chance and made_with != wanted:
+        # runs are cached by name (variant, lr, seed, knob): reusing them would mix two set-ups in one table
+        p.error(f"{results_path} holds {len(cache)} runs trained with {_setup_words(made_with)}, not "
+                f"{_setup_words(wanted)}; give another --out (--lrs-from {results_path} takes its tuned lrs) "
+                "or --fresh to retrain them")
+    if not args.chance:
+        results.update(family=args.family, recipe=family.recipe, extra=list(extra), quick=args.quick)
+
+    def save() -> None:
+        results["runs"] = cache
+        results_path.write_text(json.dumps(results, indent=1))
+
+    digits = 2 if family.scale != 1.0 else 3
+    start = time.time()
+    texts = []
+    if args.chance:
+        jobs = [(v, s) for v in variants for s in range(args.chance)]
+        scored = run_jobs(jobs, lambda j: score_untrained(family, out, j[0], j[1], args.quick, extra), args.jobs)
+        rows = chance_rows(family, scored)
+        results["chance"] = {"scored": scored, "rows": rows}
+        text = f"## {family.label}: untrained models ({args.chance} initialisations per variant)\n\n"
+        text += chance_table(family, rows, digits)
+        (out / "chance.md").write_text(text + "\n")
+        texts.append(text)
+    elif args.knob is not None:
+        if args.lrs_from and not args.lrs_from.is_file():
+            p.error(f"--lrs-from {args.lrs_from}: no such file (the results.json of a finished sweep)")
+        tuned = _load(args.lrs_from) if args.lrs_from else results
+        sweep_best = {v: b["lr"] for v, b in (tuned.get("best") or {}).items()}
+        lrs = {}
+        for v in variants:
+            lrs[v] = args.lrs[0] if len(args.lrs) == 1 else sweep_best.get(v)
+            if lrs[v] is None:
+                p.error(f"no best lr of {v} in {args.lrs_from or results_path}; run the sweep first or give one "
+                        "value to --lrs")
+        jobs = [(v, lrs[v], 100 + s, (args.knob, str(x))) for x in args.values for v in variants
+                for s in range(args.final_seeds)]
+        reuse_final_runs(jobs, cache, config_value(family.config, args.knob))  # the cache's set-up was checked above
+        runs = run_all(jobs, family, out, args.quick, extra, args.jobs, cache, save)
+        metric = family.test_metric or family.val_metric
+        rows = comparison_rows(family, runs, reference, metric, group=lambda r: r["knob"][1])
+        results["knob_result"] = {"knob": args.knob, "values": args.values, "lrs": lrs, "rows": rows}
+        text = (f"## {family.label} against {args.knob} ({metric}, {args.final_seeds} seeds per cell; "
+                f"lr per variant: {', '.join(f'{v} {lr:g}' for v, lr in lrs.items())})\n\n"
+                + stats_table(rows, reference, digits, args.knob) + "\n\n" + comparisons_note(rows))
+        plot_knob(family, rows, args.knob, out / "knob.png", family.chance)
+        (out / "knob.md").write_text(text + "\n")
+        texts.append(text + f"\n\nplot: {out / 'knob.png'}")
+    else:
+        grid_jobs = [(v, lr, s) for v in variants for lr in args.lrs for s in range(args.seeds)]
+        grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save)
+        best = best_lrs(family, grid)
+        results["best"] = best
+        save()
+        final_jobs = [(v, best[v]["lr"], 100 + s) for v in variants if best[v]["lr"] is not None
+                      for s in range(args.final_seeds)]
+        final = run_all(final_jobs, family, out, args.quick, extra, args.jobs, cache, save)
+        metric = family.test_metric or family.val_metric
+        text = grid_text(family, best, args.lrs, digits) + "\n\n"
+        if final:
+            rows = comparison_rows(family, final, reference, metric)
+            results["final"] = {"metric": metric, "rows": rows, "runs": [r["name"] for r in final]}
+            text += (f"## Final runs at each variant's best lr ({metric}"
+                     + ("" if family.test_metric else ", validation: this task has no test split")
+                     + f", seeds 100-{99 + args.final_seeds})\n\n" + stats_table(rows, reference, digits) + "\n\n"
+                     + comparisons_note(rows))
+            ablations = ablation_rows(family, final, metric)
+            if ablations:
+                results["final"]["ablations"] = ablations
+                text += (f"\n\n## Ablations: each variant against the one it changes ({metric})\n\n"
+                         + ablation_table(ablations, digits) + "\n\n" + comparisons_note(ablations))
+        else:
+            text += "No final runs (--final-seeds 0): the grid above is the whole result."
+        text += "\n\n" + divergence_text(grid + final)
+        plot_curves(family, final or grid, out / "curves.png")
+        (out / "sweep.md").write_text(text + "\n")
+        texts.append(text + f"\n\ncurves: {out / 'curves.png'}")
+    results["seconds"] = time.time() - start
+    save()
+    print("\n\n".join(texts))
+    print(f"\n({results['seconds']:.0f} s wall; everything in {results_path})")
+    return results
+
+
+def _setup_words(setup: dict) -> str:
+    extra = " ".join(setup["extra"]) or "no extra arguments"
+    return f"{extra}{' (--quick)' if setup['quick'] else ''}"
+
+
+def config_value(config: Path, key: str) -> str | None:
+    """The value of a dotted ``key`` (``data.k``) in a recipe's YAML config, as a string; None if absent."""
+    import yaml
+
+    node: Any = yaml.safe_load(config.read_text())
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part, node.get("init_args", {}).get(part) if "init_args" in node else None)
+    return None if node is None or isinstance(node, dict) else str(node)
+
+
+def reuse_final_runs(jobs: list[tuple], cache: dict[str, dict], default: str | None) -> int:
+    """Knob jobs whose value is the config's default are the final runs of the sweep (same variant, lr,
+    seed and arguments): copy those records under the knob's run name instead of training again."""
+    reused = 0
+    for variant, lr, seed, knob in jobs:
+        name, plain = run_name(variant, lr, seed, knob), run_name(variant, lr, seed)
+        if default is None or knob[1] != default or name in cache or plain not in cache:
+            continue
+        cache[name] = {**cache[plain], "name": name, "knob": list(knob), "reused_from": plain}
+        reused += 1
+    if reused:
+        print(f"{reused} run(s) at the default {jobs[0][3][0]}={default} are the sweep's final runs: reused", flush=True)
+    return reused

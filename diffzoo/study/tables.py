@@ -1,0 +1,204 @@
+"""Selection and statistics of a study's records: each variant's best learning rate, the comparison of
+every variant with a reference (:func:`diffzoo.stats.compare`, Holm's correction over a table), ablations
+against the variant each one changes, the scores of untrained models, and their markdown tables."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..stats import compare, holm
+from .families import Family, lr_tag, metric_value
+
+
+def _score(family: Family, values: list[float]) -> float:
+    mean = statistics.mean(values)
+    return mean if family.higher_is_better else -mean
+
+
+def best_lrs(family: Family, grid: list[dict]) -> dict[str, dict]:
+    """Per variant: ``{"lr", "by_lr": {lr: {"mean", "sd", "n", "diverged"}}}``, the best lr on validation."""
+    out: dict[str, dict] = {}
+    for variant in dict.fromkeys(r["variant"] for r in grid):
+        by_lr: dict[float, dict] = {}
+        for lr in dict.fromkeys(r["lr"] for r in grid if r["variant"] == variant):
+            rs = [r for r in grid if r["variant"] == variant and r["lr"] == lr]
+            vals = [family.scale * metric_value(r, family.val_metric) for r in rs]
+            ok = [v for v in vals if math.isfinite(v)]
+            diverged = sum(1 for r in rs if r.get("diverged") or r.get("failed"))
+            by_lr[lr] = {"mean": statistics.mean(ok) if ok else float("nan"),
+                         "sd": statistics.stdev(ok) if len(ok) > 1 else float("nan"), "n": len(ok),
+                         "diverged": diverged, "values": vals}
+        eligible = [lr for lr, s in by_lr.items() if s["n"]]
+        if not eligible:
+            out[variant] = {"lr": None, "by_lr": by_lr}
+            continue
+        out[variant] = {"lr": max(eligible, key=lambda lr, s=by_lr: (s[lr]["diverged"] == 0, _score(family, [s[lr]["mean"]]))),
+                        "by_lr": by_lr}
+    return out
+
+
+def add_holm(rows: list[dict]) -> None:
+    """Set ``p_holm`` on every row holding a comparison (``vs``): its permutation p, Holm-adjusted over them."""
+    compared = [r for r in rows if "vs" in r]
+    for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
+        r["p_holm"] = p
+
+
+def comparison_rows(family: Family, runs: list[dict], reference: str, metric: str,
+                    group: Callable[[dict], Any] = lambda r: None) -> list[dict]:
+    """One row per (group, variant): mean, sd, n of ``metric``; for variants other than ``reference``
+    the statistics of :func:`diffzoo.stats.compare` against it, Holm-adjusted over all rows."""
+    rows = []
+    groups = list(dict.fromkeys(group(r) for r in runs))
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    for g in groups:
+        values = {v: [family.scale * metric_value(r, metric) for r in runs if r["variant"] == v and group(r) == g]
+                  for v in variants}
+        ref = [x for x in values.get(reference, []) if math.isfinite(x)]
+        for v in variants:
+            vals = [x for x in values[v] if math.isfinite(x)]
+            row: dict[str, Any] = {"group": g, "variant": v, "values": values[v], "n": len(vals),
+                                   "diverged": len(values[v]) - len(vals),
+                                   "mean": statistics.mean(vals) if vals else float("nan"),
+                                   "sd": statistics.stdev(vals) if len(vals) > 1 else float("nan")}
+            if v != reference and vals and ref:
+                row["vs"] = compare(vals, ref).as_dict()
+            rows.append(row)
+    add_holm(rows)
+    return rows
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def fmt_p(x: float | None) -> str:
+    if x is None or math.isnan(x):
+        return "–"
+    return f"{x:.3f}" if x >= 0.001 else f"{x:.1e}"
+
+
+STAT_COLUMNS = ("mean ± sd", "n", "diff vs {ref} [95 % CI]", "Welch t (df)", "p Welch", "p perm", "p Holm")
+
+
+def stats_table(rows: list[dict], reference: str, digits: int, group_label: str | None = None) -> str:
+    """Markdown: one line per row of :func:`comparison_rows`."""
+    cols = ((group_label,) if group_label else ()) + ("variant",) + tuple(c.format(ref=reference) for c in STAT_COLUMNS)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        c = r.get("vs")
+        cells = [str(r["group"])] if group_label else []
+        cells += [r["variant"], f"{fmt(r['mean'], digits)} ± {fmt(r['sd'], digits)}",
+                  f"{r['n']}" + (f" ({r['diverged']} diverged)" if r["diverged"] else "")]
+        if c:
+            perm = fmt_p(c["p_perm"]) + ("" if c["perm_exact"] else f" (MC {c['perm_count']})")
+            cells += [f"{c['diff']:+.{digits}f} [{fmt(c['ci_low'], digits)}, {fmt(c['ci_high'], digits)}]",
+                      f"{fmt(c['t'])} ({fmt(c['df'], 1)})", fmt_p(c["p_welch"]), perm, fmt_p(r.get("p_holm"))]
+        else:
+            cells += ["reference" if r["variant"] == reference else "–"] + ["–"] * 4
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def comparisons_note(rows: list[dict]) -> str:
+    n = sum(1 for r in rows if "vs" in r)
+    return (f"{n} comparison(s) in this table; p Holm is the permutation p adjusted with Holm's method over "
+            f"those {n}. CI: Welch's 95 % interval of the difference of means.")
+
+
+# Each ablation compared with the variant it changes (variant, its parent, what the pair isolates).
+ABLATIONS: tuple[tuple[str, str, str], ...] = (
+    ("softmax_wide", "softmax", "fewer, wider heads (H/2 of width 2d)"),
+    ("diff", "softmax_wide", "the difference of two maps, at the same head count and width"),
+    ("diff_nonorm", "diff", "V1 without the per-head norm and the (1 - lambda_init) scale"),
+    ("diff_const", "diff", "constant lambda_init 0.8 instead of the depth schedule"),
+    ("diff_v2_matched", "softmax", "V2 with the softmax parameter count"),
+)
+
+
+def ablation_rows(family: Family, runs: list[dict], metric: str) -> list[dict]:
+    """One row per pair of :data:`ABLATIONS` whose two variants are both in ``runs``: the variant against
+    its parent with :func:`diffzoo.stats.compare`, Holm-adjusted over the rows."""
+    rows = []
+    for variant, parent, what in ABLATIONS:
+        a, b = ([x for r in runs if r["variant"] == v if math.isfinite(x := family.scale * metric_value(r, metric))]
+                for v in (variant, parent))
+        if a and b:
+            rows.append({"variant": variant, "parent": parent, "what": what, "vs": compare(a, b).as_dict()})
+    add_holm(rows)
+    return rows
+
+
+def ablation_table(rows: list[dict], digits: int) -> str:
+    """Markdown: each ablation's difference to its parent with the statistics of :func:`stats_table`."""
+    lines = ["| variant | against | what it isolates | variant mean ± sd | parent mean ± sd | diff [95 % CI] | "
+             "p Welch | p perm | p Holm |", "|" + "---|" * 9]
+    for r in rows:
+        c = r["vs"]
+        lines.append(f"| {r['variant']} | {r['parent']} | {r['what']} | {fmt(c['mean_a'], digits)} ± {fmt(c['sd_a'], digits)}"
+                     f" (n={c['n_a']}) | {fmt(c['mean_b'], digits)} ± {fmt(c['sd_b'], digits)} (n={c['n_b']}) | "
+                     f"{c['diff']:+.{digits}f} [{fmt(c['ci_low'], digits)}, {fmt(c['ci_high'], digits)}] | "
+                     f"{fmt_p(c['p_welch'])} | {fmt_p(c['p_perm'])} | {fmt_p(r.get('p_holm'))} |")
+    return "\n".join(lines)
+
+
+_NOT_SCORES = ("loss", "evaluated", "skipped")  # logged values that are not scores in [0, 1]
+
+
+def chance_rows(family: Family, scored: list[dict]) -> list[dict]:
+    """Per variant and metric (the family's selection and test metrics, then every other score logged
+    under ``val/`` or ``test/``): mean, sd, min, max over the random initialisations."""
+    rows = []
+    keys = {k: (k, family.scale) for k in (family.val_metric, family.test_metric) if k}
+    # every other score the validation logs (zero-shot, retrieval, colour-swap ...): as a percentage in a
+    # family whose metrics are fractions, as logged otherwise (a perplexity is no fraction)
+    for k in sorted({k for s in scored for k in s["metrics"]}):
+        if k.startswith(("val/", "test/")) and k not in keys and not any(w in k for w in _NOT_SCORES):
+            keys[k] = (f"{k} (%)", 100.0) if family.scale == 100.0 else (k, 1.0)
+    for variant in dict.fromkeys(s["variant"] for s in scored):
+        for key, (label, scale) in keys.items():
+            vals = [scale * s["metrics"][key] for s in scored if s["variant"] == variant and key in s["metrics"]]
+            if vals:
+                rows.append({"variant": variant, "metric": label, "n": len(vals), "mean": statistics.mean(vals),
+                             "sd": statistics.stdev(vals) if len(vals) > 1 else float("nan"),
+                             "min": min(vals), "max": max(vals)})
+    return rows
+
+
+def chance_table(family: Family, rows: list[dict], digits: int) -> str:
+    lines = ["| variant | metric | untrained: mean ± sd | min - max | inits |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['metric']} | {fmt(r['mean'], digits)} ± {fmt(r['sd'], digits)} | "
+                     f"{fmt(r['min'], digits)} - {fmt(r['max'], digits)} | {r['n']} |")
+    if family.chance is not None:
+        lines.append(f"\nUniform guessing scores {family.scale * family.chance:.{digits}f}.")
+    return "\n".join(lines)
+
+
+def grid_text(family: Family, best: dict, lrs: Sequence[float], digits: int) -> str:
+    """The grid: validation mean ± sd per (variant, lr), the chosen lr in bold."""
+    head = "| variant | " + " | ".join(f"lr {lr_tag(lr)}" for lr in lrs) + " | best lr |"
+    lines = [f"## Learning-rate grid ({family.val_metric}, validation)\n", head, "|" + "---|" * (len(lrs) + 2)]
+    for v, b in best.items():
+        cells = []
+        for lr in lrs:
+            s = b["by_lr"].get(lr)
+            if s is None:
+                cells.append("–")
+                continue
+            cell = f"{fmt(s['mean'], digits)} ± {fmt(s['sd'], digits)}" + (f" ({s['diverged']} div.)" if s["diverged"] else "")
+            cells.append(f"**{cell}**" if lr == b["lr"] else cell)
+        lines.append(f"| {v} | " + " | ".join(cells) + f" | {lr_tag(b['lr']) if b['lr'] else '–'} |")
+    return "\n".join(lines)
+
+
+def divergence_text(runs: list[dict]) -> str:
+    bad = [r for r in runs if r.get("diverged") or r.get("failed")]
+    if not bad:
+        return f"Divergences: none of {len(runs)} runs."
+    return f"Divergences / failures ({len(bad)} of {len(runs)} runs): " + "; ".join(
+        f"{r['name']} ({'failed' if r.get('failed') else 'diverged at step ' + str(r['diverged'].get('step', '?'))})"
+        for r in bad)
