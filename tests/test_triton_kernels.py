@@ -487,3 +487,29 @@ def test_refuses_what_it_would_get_wrong_or_run_slowly(monkeypatch):
     assert "TF32" in td._device_refusal(cuda, torch.float32)
     monkeypatch.setattr(td, "tf32_enabled", lambda: True)
     assert td._device_refusal(cuda, torch.float32) is None
+
+
+def test_autotuning_keys_on_sequence_length_buckets():
+    for kind, tuner in td.TUNED.items():
+        assert {"NQ_BUCKET", "NK_BUCKET", "D", "CAUSAL"} <= set(tuner.keys), kind
+    assert [td.length_bucket(n) for n in (1, 16, 17, 300, 4096, 4097, 10**7)] == [16, 16, 32, 512, 4096, 8192, 65536]
+
+
+def test_deterministic_launches_use_the_pinned_configuration(monkeypatch):
+    """Without autotuning the reduction order, and so every bit, is the same in every process."""
+    launched = []
+    monkeypatch.setattr(td, "INTERPRET", False)
+    monkeypatch.setattr(td, "_device_family", lambda: "sm90")
+    monkeypatch.setattr(td, "_run_kernel", lambda kernel, grid, args, kwargs: launched.append((kernel, kwargs)))
+    for kind in td.KERNELS:
+        for d in (64, 128):
+            launched.clear()
+            td._launch(kind, None, (), {"D": d}, deterministic=True)
+            (kernel, kwargs), = launched
+            bm, bn, warps, stages = td.CONFIGS[kind]["sm90"][d][0]
+            assert kernel is td.KERNELS[kind]
+            assert (kwargs["BLOCK_M"], kwargs["BLOCK_N"], kwargs["num_warps"], kwargs["num_stages"]) == (bm, bn, warps,
+                                                                                                        stages)
+            launched.clear()
+            td._launch(kind, None, (), {"D": d}, deterministic=False)
+            assert launched[0][0] is td.TUNED[kind]
