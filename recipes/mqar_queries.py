@@ -23,8 +23,8 @@ import yaml
 
 from diffzoo.data.mqar import MQARDataModule, accuracy_by_query, elimination_accuracy
 from diffzoo.study.runs import latest_log_dir
-from diffzoo.tasks.export import load_tied
 from diffzoo.tasks.mqar import MQARTask
+from diffzoo.weights.export import load_tied
 
 _NOT_SHAPE = ("lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio", "init_from", "train_only",
               "unfreeze_after")

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import diffzoo  # noqa: F401  (registers the ViTs with timm)
-from diffzoo import convert as cv
 from diffzoo.layers import Attention, DiffAttention, DiffAttentionV2
 from diffzoo.models.lm import CausalLM, LMConfig
+from diffzoo.weights import convert as cv
 
 TOL = 1e-5
 
@@ -355,7 +355,7 @@ def test_cli_converts_a_tied_lm_export_of_any_shape(tmp_path: Path) -> None:
 
 
 def test_init_from_a_wrong_architecture_is_one_line(tmp_path: Path) -> None:
-    from diffzoo.tasks.init_from import load_init_from
+    from diffzoo.weights.convert import load_init_from
     from recipes.convert import main
 
     main(["--from", "diffzoo:lm_tiny", "--attn", "diff_v2", "--out", str(tmp_path / "v2")])
@@ -373,3 +373,28 @@ def test_cli_softmax_writes_the_vit_source_unchanged(tmp_path: Path) -> None:
     assert meta["check"]["max_abs_diff"] == 0 and meta["rebuild_hint"] == "--model.model softvit_nano_patch7_28"
     rebuilt = cv.load_converted(tmp_path / "same")
     assert not any(isinstance(m, (DiffAttention, DiffAttentionV2)) for m in rebuilt.modules())
+
+
+def test_cli_refuses_an_out_folder_that_holds_weights_unless_overwrite(tmp_path: Path) -> None:
+    from recipes.convert import main
+
+    args = ["--from", "diffzoo:lm_tiny", "--attn", "diff_v2", "--out", str(tmp_path / "c")]
+    main(args)
+    first = (tmp_path / "c" / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit, match=r"--out .*c already holds model\.safetensors and convert\.json: .*--overwrite"):
+        main(args[:-4] + ["--attn", "diff", "--out", str(tmp_path / "c")])
+    assert (tmp_path / "c" / "model.safetensors").read_bytes() == first  # left as it was
+    main(args[:-4] + ["--attn", "diff", "--out", str(tmp_path / "c"), "--overwrite"])
+    assert json.loads((tmp_path / "c" / "convert.json").read_text())["attn"] == "diff"
+
+
+def test_cli_unknown_source_models_are_one_line(tmp_path: Path) -> None:
+    from recipes.convert import main
+
+    with pytest.raises(SystemExit, match=r"^python -m recipes\.convert: error: --from timm:no_such_model: unknown timm"):
+        main(["--from", "timm:no_such_model", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"unknown timm model; did you mean vit_tiny_patch16_224"):
+        main(["--from", "timm:vit_tiny_patch16_22", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"unknown open_clip model 'no_such_clip'"):
+        main(["--from", "open_clip:no_such_clip", "--out", str(tmp_path / "a")])
+    assert not (tmp_path / "a").exists()
