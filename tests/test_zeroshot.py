@@ -110,6 +110,9 @@ def test_load_clip_weights_from_every_format(tmp_path: Path) -> None:
         clip_weights.load_clip_weights(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(2, 2)), tmp_path / "oc.pt")
     with pytest.raises(FileNotFoundError, match="nope.ckpt"):
         clip_weights.load_clip_weights(src, tmp_path / "nope.ckpt")
+    with pytest.raises(ValueError, match=r"^\S*m.safetensors does not fit the model: 0.bias has shape \(4,\), the "
+                                         r"model's is \(5,\) \(3 shape mismatch"):  # one line, not torch's size report
+        clip_weights.load_clip_weights(nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)), tmp_path / "m.safetensors")
 
 
 def test_unknown_model_name_suggests_close_ones() -> None:

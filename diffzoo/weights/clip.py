@@ -19,7 +19,7 @@ from torch import nn
 
 from ..models import clip as _clip_family  # noqa: F401  (registers diffzoo's CLIP configs with open_clip)
 from .export import safetensors_metadata
-from .io import read_state_dict, read_weights
+from .io import compare_state, read_state_dict, read_weights
 
 PathLike = str | os.PathLike
 
@@ -81,6 +81,10 @@ def load_clip_weights(model: nn.Module, path: PathLike, strict: bool = True) -> 
     """
     path = Path(path)
     state = read_state_dict(path, what="checkpoint")
+    wrong = compare_state(model, state)[2]
+    if wrong:
+        raise ValueError(f"{path} does not fit the model: {wrong[0]} has shape {tuple(state[wrong[0]].shape)}, the "
+                         f"model's is {tuple(model.state_dict()[wrong[0]].shape)} ({len(wrong)} shape mismatch(es))")
     result = model.load_state_dict(state, strict=False)
     if strict and (result.missing_keys or result.unexpected_keys):
         raise ValueError(

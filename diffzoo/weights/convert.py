@@ -673,21 +673,20 @@ def load_init_from(model: nn.Module, path: str | Path) -> dict[str, Any]:
     Raises:
         FileNotFoundError / ValueError: one line naming the folder and what to change.
     """
+    from .io import compare_state
+
     folder = Path(path)
     meta, state = read_converted(folder, what="--model.init_from")
-    # checked before loading: torch raises a multi-line RuntimeError on a shape mismatch even with strict=False
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing, unexpected = [k for k in shapes if k not in state], [k for k in state if k not in shapes]
+    missing, unexpected, bad = compare_state(model, state)
     hint = meta.get("rebuild_hint", "the architecture the weights were converted to")
     if missing or unexpected:
         raise ValueError(
             f"--model.init_from {folder}: the weights do not fit this model ({len(missing)} missing, e.g. "
             f"{missing[:2]}; {len(unexpected)} unexpected, e.g. {unexpected[:2]}); build {hint}"
         )
-    bad = [k for k, v in state.items() if tuple(v.shape) != shapes[k]]
     if bad:
         raise ValueError(f"--model.init_from {folder}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
-                         f"the model's is {shapes[bad[0]]}; build {hint}")
+                         f"the model's is {tuple(model.state_dict()[bad[0]].shape)}; build {hint}")
     model.load_state_dict(state, strict=True)
     _set_lambda_init(model, meta)
     return meta

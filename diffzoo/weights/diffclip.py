@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .io import read_weights, unwrap_state_dict
+from .io import compare_state, read_weights, unwrap_state_dict
 
 __all__ = ["convert_diffclip_state_dict", "load_diffclip_checkpoint", "load_diffclip_state"]
 
@@ -131,12 +131,9 @@ def load_diffclip_state(model: nn.Module, converted: Mapping[str, Tensor], stric
     logged and returned as ``(missing, unexpected)``).
     """
     own = model.state_dict()
-    mismatched = [
-        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in converted.items() if k in own and tuple(v.shape) != tuple(own[k].shape)
-    ]
-    missing = sorted(set(own) - set(converted))
-    unexpected = sorted(set(converted) - set(own))
+    missing, unexpected, wrong = compare_state(model, converted)
+    mismatched = [f"{k}: checkpoint {tuple(converted[k].shape)} vs model {tuple(own[k].shape)}" for k in wrong]
+    missing, unexpected = sorted(missing), sorted(unexpected)
     problems = []
     if mismatched:
         problems.append(f"shape mismatches ({len(mismatched)}): {mismatched}")

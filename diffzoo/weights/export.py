@@ -99,7 +99,7 @@ def export_checkpoint(checkpoint: PathLike, path: PathLike | None = None, use_em
     if "model" not in hparams or not isinstance(ckpt.get("state_dict"), dict):
         raise ValueError(f"{checkpoint} was not written by diffzoo.tasks.ImageClassificationTask (no 'model' hparam)")
     prefix = "ema.module." if use_ema else "model."
-    state = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    state = submodule_state(ckpt["state_dict"], prefix)
     if not state:
         raise ValueError(f"{checkpoint} holds no weights under {prefix!r}" + (" (trained without EMA?)" if use_ema else ""))
     path = Path(path) if path is not None else checkpoint.with_suffix(".safetensors")

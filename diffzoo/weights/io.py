@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 PathLike = str | os.PathLike
 
 __all__ = ["CheckpointReadError", "SAFE_GLOBALS", "UnsafeCheckpointError", "check_checkpoint_file", "is_lightning_checkpoint",
-           "load_torch_file", "read_state_dict", "read_weights", "submodule_state", "unwrap_state_dict"]
+           "load_torch_file", "read_state_dict", "compare_state", "read_weights", "submodule_state", "unwrap_state_dict"]
 
 # Types whose reconstruction runs no code of the file's choosing: argparse.Namespace (the training
 # arguments some published checkpoints carry) only receives attribute values, which are themselves
@@ -189,6 +189,18 @@ def unwrap_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, Tensor]:
 def submodule_state(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
     """The entries of ``state_dict`` under ``prefix`` (e.g. ``"model."``), with the prefix removed."""
     return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+def compare_state(model: nn.Module, state: Mapping[str, Tensor]) -> tuple[list[str], list[str], list[str]]:
+    """How ``state`` fits ``model``: ``(missing, unexpected, mismatched)`` keys, the model's keys absent from
+    ``state`` (in the model's order), the keys of ``state`` the model lacks and those whose shapes differ
+    (both in ``state``'s order). Check before ``load_state_dict``: torch raises a multi-line error on a shape
+    mismatch even with ``strict=False``."""
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = [k for k in shapes if k not in state]
+    unexpected = [k for k in state if k not in shapes]
+    mismatched = [k for k, v in state.items() if k in shapes and tuple(v.shape) != shapes[k]]
+    return missing, unexpected, mismatched
 
 
 def is_lightning_checkpoint(content: Any) -> bool:
