@@ -398,3 +398,40 @@ def test_cli_unknown_source_models_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"unknown open_clip model 'no_such_clip'"):
         main(["--from", "open_clip:no_such_clip", "--out", str(tmp_path / "a")])
     assert not (tmp_path / "a").exists()
+
+
+def test_every_training_task_can_start_from_a_converted_model() -> None:
+    """Each LightningModule of diffzoo.tasks takes ``init_from`` (``--model.init_from DIR`` in its recipe), by
+    name or through ``**kwargs`` handed to a base class that takes it."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import lightning.pytorch as pl
+
+    import diffzoo.tasks
+
+    found = {}
+    for info in pkgutil.walk_packages(diffzoo.tasks.__path__, "diffzoo.tasks."):
+        for name, obj in vars(importlib.import_module(info.name)).items():
+            if inspect.isclass(obj) and issubclass(obj, pl.LightningModule) and obj.__module__.startswith("diffzoo."):
+                params = inspect.signature(obj.__init__).parameters
+                forwards = any(p.kind is p.VAR_KEYWORD for p in params.values()) and any(
+                    "init_from" in inspect.signature(base.__init__).parameters for base in obj.__mro__[1:])
+                found[name] = "init_from" in params or forwards
+    assert {"ImageClassificationTask", "ContrastiveTask", "LanguageModelTask", "MQARTask"} <= set(found)
+    assert all(found.values()), f"tasks without init_from: {[n for n, ok in found.items() if not ok]}"
+
+
+def test_speech_task_starts_from_a_converted_folder(tmp_path: Path) -> None:
+    """The speech encoders have no converter of their own; ``--attn softmax`` writes one in the folder format,
+    and the speech task starts from it like the other tasks."""
+    from diffzoo.tasks import SpeechClassificationTask
+    from recipes.convert import main
+
+    main(["--from", "timm:softkwt_nano", "--attn", "softmax", "--out", str(tmp_path / "kwt")])
+    start = cv.load_converted(tmp_path / "kwt").state_dict()
+    task = SpeechClassificationTask(model="softkwt_nano", init_from=str(tmp_path / "kwt"), train_only="attention")
+    assert all(torch.equal(v, start[k]) for k, v in task.model.state_dict().items())
+    with pytest.raises(ValueError, match=r"^--model\.init_from .*the weights do not fit this model"):
+        SpeechClassificationTask(model="diffkwt_nano", init_from=str(tmp_path / "kwt"))
