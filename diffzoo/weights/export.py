@@ -30,7 +30,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..models.lm import LM_PRESETS, LM_RENAMED, CausalLM, LMConfig, preset_args
-from .io import load_torch_file, submodule_state
+from .io import load_torch_file, read_weights, submodule_state
 
 __all__ = ["export_checkpoint", "export_lm", "export_module", "load_exported", "load_lm", "load_tied", "read_metadata",
            "safetensors_metadata", "save_safetensors"]
@@ -173,8 +173,6 @@ def load_lm(path: Any) -> CausalLM:
     Raises ``ValueError`` (one line) for a file that is not such an export: not safetensors, no diffzoo
     metadata, or the weights of another model family (e.g. a ViT export).
     """
-    from safetensors.torch import load_file
-
     meta = safetensors_metadata(path)
     if "model" not in meta or "model_args" not in meta:
         raise ValueError(f"{path} has no diffzoo metadata (model, model_args); load_lm reads the model.safetensors "
@@ -187,5 +185,5 @@ def load_lm(path: Any) -> CausalLM:
             f"python -m recipes.lm (presets: {', '.join(sorted(LM_PRESETS))})"
         )
     model = CausalLM(LMConfig(**args))
-    model.load_state_dict(load_file(str(path)), strict=not model.config.tie_embeddings)
+    model.load_state_dict(read_weights(path), strict=not model.config.tie_embeddings)
     return model
