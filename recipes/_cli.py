@@ -43,7 +43,7 @@ def add_checkpoint_args(parser: Any, **defaults: Any) -> None:
 
 
 class ChecksCkptPath:
-    """LightningCLI mixin: ``--ckpt_path`` is checked with :func:`diffzoo.checkpoint_io.check_checkpoint_file`
+    """LightningCLI mixin: ``--ckpt_path`` is checked with :func:`diffzoo.weights.io.check_checkpoint_file`
     (tensors and plain values only, one-line errors) as soon as the arguments are parsed, before Lightning
     reads the file for its hyper-parameters or to resume."""
 
@@ -52,7 +52,7 @@ class ChecksCkptPath:
         sub = self.config.get("subcommand")
         path = self.config[sub].get("ckpt_path") if sub else None
         if path and str(path) not in ("last", "best", "hpc", "registry"):  # Lightning's own names
-            from diffzoo.checkpoint_io import check_checkpoint_file
+            from diffzoo.weights.io import check_checkpoint_file
 
             check_checkpoint_file(path, what="--ckpt_path")
 

@@ -10,6 +10,7 @@ checkpoints, ``summary.json`` and ``model.safetensors`` (the open_clip state dic
     python -m recipes.clip --model.model SoftCLIP-nano --seed_everything 1
     python -m recipes.clip --config recipes/configs/clip_cc3m.yaml --data.train_shards "/data/cc3m/{00000..00331}.tar"
     python -m recipes.clip --ckpt_path outputs/clip/version_0/checkpoints/last.ckpt      # resume
+    python -m recipes.clip --model.model ViT-B-32 --model.init_from conv/   # from recipes.convert --from open_clip:ViT-B-32
     python -m recipes.clip --print_config
     python -m recipes.clip validate --config ... --ckpt_path ...
 

@@ -53,15 +53,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         zeroshot_folder,
     )
     from diffzoo.data.skipping import EvalDataLoader
-    from diffzoo.tasks.zeroshot import (
-        check_model_name,
-        checkpoint_model_name,
-        encode_pairs,
-        load_clip,
-        pair_retrieval,
-        zero_shot_accuracy,
-        zero_shot_classifier,
-    )
+    from diffzoo.evaluation.zeroshot import encode_pairs, pair_retrieval, zero_shot_accuracy, zero_shot_classifier
+    from diffzoo.weights.clip import check_model_name, checkpoint_model_name, load_clip
 
     for name, path in (("--imagenet-dir", args.imagenet_dir), ("--folder", args.folder)):
         if path is not None and not Path(path).is_dir():

@@ -8,7 +8,7 @@
     python -m recipes.convert --from diffzoo:lm --model-kwargs '{"vocab_size": 128, "dim": 64, "depth": 2, "num_heads": 4}' \
         --weights outputs/mqar/.../model.safetensors --out DIR        # any LMConfig shape, e.g. an MQAR run's
 
-Writes ``DIR/model.safetensors`` and ``DIR/convert.json`` (how to rebuild: :func:`diffzoo.convert.load_converted`;
+Writes ``DIR/model.safetensors`` and ``DIR/convert.json`` (how to rebuild: :func:`diffzoo.weights.load_converted`;
 recipes start from it with ``--model.init_from DIR``). Without ``--weights`` the source is the library's
 randomly initialised model (nothing is downloaded); ``--pretrained [TAG]`` uses timm's or open_clip's local
 cache. The conversion is checked on a random batch and the largest output difference is printed and stored.
@@ -32,21 +32,13 @@ from recipes._cli import one_line_errors
 
 
 def _state_dict(path: str) -> dict[str, torch.Tensor]:
-    from diffzoo.checkpoint_io import read_weights
+    from diffzoo.weights.io import read_state_dict
 
-    sd = read_weights(path, what="--weights")
-    if isinstance(sd, dict):
-        sd = sd.get("state_dict", sd.get("model", sd))
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"--weights {path} holds no state dict of tensors")
-    for prefix in ("model.", "module."):
-        if sd and all(k.startswith(prefix) for k in sd):
-            sd = {k[len(prefix):]: v for k, v in sd.items()}
-    return sd
+    return read_state_dict(path, what="--weights")
 
 
 def _load_strict(model: nn.Module, sd: dict[str, torch.Tensor], path: str) -> None:
-    from diffzoo.tasks.export import load_tied
+    from diffzoo.weights.export import load_tied
 
     missing, unexpected = load_tied(model, sd)
     if missing or unexpected:
@@ -75,10 +67,34 @@ def _lm_shape(config: Any) -> str:
             f"--model.intermediate_size {config.intermediate_size}")
 
 
+def _check_timm_name(name: str) -> None:
+    """Raise a one-line ``ValueError`` (with close matches) unless ``name`` is in timm's registry."""
+    import difflib
+
+    import timm
+
+    if timm.is_model(name):
+        return
+    close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
+    raise ValueError(f"--from timm:{name}: unknown timm model{hint}")
+
+
+def _check_out(out: str, overwrite: bool) -> None:
+    """Refuse an output folder that already holds converted weights unless ``overwrite``."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} is a file, not a folder")
+    held = [f for f in ("model.safetensors", "convert.json") if os.path.exists(os.path.join(out, f))]
+    if held and not overwrite:
+        raise ValueError(f"--out {out} already holds {' and '.join(held)}: choose another folder, or pass --overwrite "
+                         "to replace them")
+
+
 def convert(args: argparse.Namespace) -> dict[str, Any]:
     """Run one conversion; returns the written ``convert.json`` content."""
-    from diffzoo import convert as cv
+    from diffzoo.weights import convert as cv
 
+    _check_out(args.out, getattr(args, "overwrite", False))
     family, _, name = args.source.partition(":")
     kwargs = json.loads(args.model_kwargs) if args.model_kwargs else {}
     if not isinstance(kwargs, dict):
@@ -96,6 +112,7 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
 
         if family == "diffzoo" and not name.startswith("softvit_"):
             raise ValueError(f"--from diffzoo:{name}: expected a softvit_* model, an lm_* preset or lm")
+        _check_timm_name(name)
         model = timm.create_model(name, pretrained=bool(args.pretrained), **kwargs)
         if args.weights:
             from diffzoo.models.vit import checkpoint_filter_fn
@@ -114,15 +131,18 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
         meta.update(family="timm", build={"model": name, "kwargs": kwargs})
         diff_name = name.replace("softvit_", "diffvit_", 1) if name.startswith("softvit_") else None
         if args.attn == "softmax":
-            meta["rebuild_hint"] = f"--model.model {name}" if diff_name else f"{name} (diffzoo.convert.load_converted)"
+            meta["rebuild_hint"] = f"--model.model {name}" if diff_name else f"{name} (diffzoo.weights.load_converted)"
         else:
             meta["rebuild_hint"] = (
                 f"--model.model {diff_name} --model.model_kwargs '{{attn: {args.attn}}}'" if diff_name
-                else f"{name} with its attention converted (diffzoo.convert.load_converted)"
+                else f"{name} with its attention converted (diffzoo.weights.load_converted)"
             )
     elif family == "open_clip":
         import open_clip
 
+        from diffzoo.weights.clip import check_model_name
+
+        check_model_name(name)
         pretrained = args.pretrained if isinstance(args.pretrained, str) else None
         model = open_clip.create_model(name, pretrained=pretrained, **kwargs)
         if args.weights:
@@ -137,7 +157,7 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
             model, args.attn, lambda_init=args.lambda_init, calibration=run, seed=args.seed)).eval()
         converted = "" if args.attn == "softmax" else " with converted attention"
         meta.update(family="open_clip", build={"model": name, "kwargs": kwargs},
-                    rebuild_hint=f"the open_clip model{converted} (diffzoo.convert.load_converted)")
+                    rebuild_hint=f"the open_clip model{converted} (diffzoo.weights.load_converted)")
     elif family in ("hf", "diffzoo"):
         if family == "hf":
             from transformers import LlamaForCausalLM
@@ -182,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--attn", default="diff_v2", choices=["diff_v2", "diff", "softmax"],
                    help="diff_v2 (exact), diff (V1, calibrated start) or softmax (the source unchanged)")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the model.safetensors and convert.json that --out already holds")
     p.add_argument("--lambda-init", type=float, default=0.0, help="constant lambda_init of --attn diff")
     p.add_argument("--calib-batch", type=int, default=8, help="random calibration/check batch size")
     p.add_argument("--model-kwargs", help="JSON object of extra model arguments, e.g. '{\"img_size\": 32}'")

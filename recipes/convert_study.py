@@ -157,11 +157,13 @@ def lm_kwargs(config: dict) -> dict[str, Any]:
 
 def convert_source(src: Source, attn: str, folder: Path) -> dict:
     """``python -m recipes.convert --from diffzoo:lm`` of the source's weights to ``attn`` (``softmax``: a
-    copy) in ``folder``; returns ``convert.json``'s content."""
+    copy) in ``folder``; returns ``convert.json``'s content. A rerun writes the same conversion (seeded) over
+    the folder's previous one."""
     from recipes.convert import main as convert
 
     return convert(["--from", "diffzoo:lm", "--model-kwargs", json.dumps(lm_kwargs(src.config)),
-                    "--weights", str(src.weights), "--attn", attn, "--out", str(folder), "--seed", str(src.seed)])
+                    "--weights", str(src.weights), "--attn", attn, "--out", str(folder), "--seed", str(src.seed),
+                    "--overwrite"])
 
 
 # -- the jobs ------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from diffzoo.data.text import get_tokenizer, load_tokens, tokenize_corpus
-from diffzoo.tasks.lm import load_lm
-from diffzoo.tasks.retrieval import evaluate_retrieval
+from diffzoo.evaluation.retrieval import evaluate_retrieval
+from diffzoo.weights.export import load_lm
 
 
 def evaluate_weights(
@@ -30,7 +30,7 @@ def evaluate_weights(
     cache_dir: str = "outputs/cache/text",
     **kwargs: Any,
 ) -> list[dict]:
-    """Load exported weights and run :func:`diffzoo.tasks.retrieval.evaluate_retrieval` on held-out text."""
+    """Load exported weights and run :func:`diffzoo.evaluation.retrieval.evaluate_retrieval` on held-out text."""
     model = load_lm(weights)
     tokens = load_tokens(tokenize_corpus(corpus, tokenizer, cache_dir))
     held_out = tokens[int(len(tokens) * (1 - val_fraction)):]

@@ -23,8 +23,9 @@ import yaml
 
 from diffzoo.data.mqar import MQARDataModule, accuracy_by_query, elimination_accuracy
 from diffzoo.study.runs import latest_log_dir
-from diffzoo.tasks.export import load_tied
 from diffzoo.tasks.mqar import MQARTask
+from diffzoo.weights.export import load_tied
+from diffzoo.weights.io import read_weights
 
 _NOT_SHAPE = ("lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio", "init_from", "train_only",
               "unfreeze_after")
@@ -34,8 +35,6 @@ _DATA_KEYS = ("num_pairs", "num_queries", "filler", "seq_len", "key_vocab", "val
 
 def load_run(folder: Path) -> tuple[torch.nn.Module, MQARDataModule, dict]:
     """The trained model, the run's data module and its config, from a run folder (``RUN/version_N``)."""
-    from safetensors.torch import load_file
-
     log_dir = latest_log_dir(folder)
     weights = log_dir / "model.safetensors"
     if not weights.is_file():
@@ -44,7 +43,7 @@ def load_run(folder: Path) -> tuple[torch.nn.Module, MQARDataModule, dict]:
     data = MQARDataModule(**{k: v for k, v in config["data"].items() if k in _DATA_KEYS})
     model_args = {k: v for k, v in config["model"].items() if k not in _NOT_SHAPE}
     model = MQARTask(**{**model_args, "vocab_size": data.vocab_size}).model
-    missing, unexpected = load_tied(model, load_file(str(weights)))
+    missing, unexpected = load_tied(model, read_weights(weights))
     if missing or unexpected:
         raise ValueError(f"{weights} does not fit the model of {log_dir / 'config.yaml'}: missing {missing}, "
                          f"unexpected {unexpected}")

@@ -15,7 +15,7 @@ checkpoints and ``model.safetensors`` under ``outputs/vit_imagenet/version_N/``.
 Without a subcommand ``fit`` is run; without ``--config`` the embedded-digits config is used. When the data
 has a test split of its own (``--data.init_args.num_test 1000`` on the digits; ImageNet folders have none),
 training ends by scoring it (``test/top1`` in ``summary.json``); ``--test_after_fit false`` skips that.
-Reload exported weights with ``diffzoo.tasks.load_exported(path)`` or
+Reload exported weights with ``diffzoo.weights.load_exported(path)`` or
 ``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), ...)``.
 """
 

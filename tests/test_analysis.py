@@ -95,7 +95,7 @@ def test_scores_on_hand_built_differential_maps():
 
 
 def test_noise_scores_reproduce_retrieval_attention_scores():
-    from diffzoo.tasks.retrieval import attention_scores
+    from diffzoo.evaluation.retrieval import attention_scores
 
     B, H, N = 3, 2, 10
 

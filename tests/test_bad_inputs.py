@@ -56,29 +56,19 @@ def _malicious(folder: Path, kind: str) -> tuple[Path, Path]:
 
 # -- every public loading path refuses a file that would run code -------------------------------
 def _library_loaders(tmp: Path, tiny_clip: str) -> dict[str, Callable[[Path], object]]:
-    import diffzoo.models.clip_convert as clip_convert
-    import diffzoo.tasks as tasks
-    import diffzoo.tasks.zeroshot as zeroshot
-
-    def checkpoint_io(name: str) -> Callable[[Path], object]:
-        def load(path: Path) -> object:
-            import diffzoo.checkpoint_io
-
-            return getattr(diffzoo.checkpoint_io, name)(path)
-
-        return load
+    import diffzoo.weights as weights
 
     return {
-        "load_clip_weights": lambda p: tasks.load_clip_weights(nn.Linear(2, 2), p),
-        "load_clip": lambda p: tasks.load_clip(tiny_clip, checkpoint=p),
-        "checkpoint_model_name": zeroshot.checkpoint_model_name,
-        "export_checkpoint": lambda p: tasks.export_checkpoint(p, tmp / "out.safetensors"),
-        "load_diffclip_checkpoint": clip_convert.load_diffclip_checkpoint,
-        "load_torch_file": checkpoint_io("load_torch_file"),
-        "read_weights": checkpoint_io("read_weights"),
-        "load_lm": tasks.load_lm,
-        "load_exported": tasks.load_exported,
-        "read_metadata": tasks.read_metadata,
+        "load_clip_weights": lambda p: weights.load_clip_weights(nn.Linear(2, 2), p),
+        "load_clip": lambda p: weights.load_clip(tiny_clip, checkpoint=p),
+        "checkpoint_model_name": weights.checkpoint_model_name,
+        "export_checkpoint": lambda p: weights.export_checkpoint(p, tmp / "out.safetensors"),
+        "load_diffclip_checkpoint": weights.load_diffclip_checkpoint,
+        "load_torch_file": weights.load_torch_file,
+        "read_weights": weights.read_weights,
+        "load_lm": weights.load_lm,
+        "load_exported": weights.load_exported,
+        "read_metadata": weights.read_metadata,
     }
 
 
@@ -172,7 +162,7 @@ def test_published_training_arguments_load_without_trusting_the_file(tmp_path: P
     """argparse.Namespace (training arguments in published checkpoints) is rebuilt without unpickling code."""
     import argparse
 
-    from diffzoo.checkpoint_io import load_torch_file
+    from diffzoo.weights.io import load_torch_file
 
     torch.save({"state_dict": {"w": torch.ones(2)}, "args": argparse.Namespace(lr=0.1, model="ViT-B-16")}, tmp_path / "a.pt")
     loaded = load_torch_file(tmp_path / "a.pt")
@@ -181,7 +171,7 @@ def test_published_training_arguments_load_without_trusting_the_file(tmp_path: P
 
 # -- one-line errors for files that are not what a flag expects ---------------------------------
 def _vit_export(path: Path) -> Path:
-    from diffzoo.tasks.export import save_safetensors
+    from diffzoo.weights.export import save_safetensors
 
     return save_safetensors({"head.weight": torch.zeros(3, 4)}, path, "diffvit_nano_patch7_28", {"num_classes": 3})
 
@@ -237,15 +227,15 @@ def test_bad_files_get_one_line_errors(entry: str, make: Callable, fragment: str
         elif entry == "lm_retrieval --weights":
             _lm_retrieval(["--weights", str(path)])
         elif entry == "load_lm":
-            from diffzoo.tasks import load_lm
+            from diffzoo.weights import load_lm
 
             load_lm(path)
         elif entry == "load_exported":
-            from diffzoo.tasks import load_exported
+            from diffzoo.weights import load_exported
 
             load_exported(path)
         else:
-            from diffzoo.tasks import load_clip_weights
+            from diffzoo.weights import load_clip_weights
 
             load_clip_weights(nn.Linear(2, 2), path)
     message = str(info.value) if isinstance(info.value, ValueError) else capsys.readouterr().err
@@ -498,8 +488,8 @@ def test_command_line_errors_are_one_line_with_exit_status_1(tmp_path: Path) -> 
 
 # -- NaN predictions are never counted as correct -----------------------------------------------
 def test_nan_logits_never_count_as_correct() -> None:
+    from diffzoo.evaluation.zeroshot import retrieval_recall, topk_hits
     from diffzoo.tasks import ImageClassificationTask
-    from diffzoo.tasks.zeroshot import retrieval_recall, topk_hits
 
     task = ImageClassificationTask(model_kwargs=json.loads(TINY_VIT), num_classes=10, in_chans=1)
     labels = torch.arange(10)

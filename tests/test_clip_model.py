@@ -15,8 +15,9 @@ from timm.layers import Attention as TimmAttention
 
 from diffzoo.layers import Attention, DiffAttention, check_matched, lambda_init_schedule
 from diffzoo.models import clip as C
-from diffzoo.models.clip_convert import convert_diffclip_state_dict, load_diffclip_checkpoint, unwrap_state_dict
 from diffzoo.models.vit import TimmDiffAttention
+from diffzoo.weights.diffclip import convert_diffclip_state_dict, load_diffclip_checkpoint
+from diffzoo.weights.io import unwrap_state_dict
 
 VIT_B = ["DiffCLIP-ViT-B-16", "DiffCLIPstar-ViT-B-16", "DiffCLIPdagger-ViT-B-16", "SoftCLIP-ViT-B-16"]
 NANO = ["DiffCLIP-nano", "DiffCLIPdagger-nano", "SoftCLIP-nano"]

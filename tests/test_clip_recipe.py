@@ -199,7 +199,7 @@ def test_default_model_diffclip_nano_trains_through_the_recipe(tmp_path: Path, m
     import open_clip
 
     from diffzoo.layers import DiffAttention
-    from diffzoo.tasks.zeroshot import load_clip
+    from diffzoo.weights.clip import load_clip
 
     monkeypatch.chdir(tmp_path)
     cfg = _digits_config(tmp_path / "c.yaml", "DiffCLIP-nano")
@@ -218,3 +218,40 @@ def test_default_model_diffclip_nano_trains_through_the_recipe(tmp_path: Path, m
     with torch.no_grad():
         torch.testing.assert_close(reloaded.encode_image(images), model.encode_image(images))
         torch.testing.assert_close(reloaded.encode_text(text), model.encode_text(text))
+
+
+def test_starts_from_a_converted_open_clip_model(tiny: str, tmp_path: Path, monkeypatch) -> None:
+    """``--model.init_from DIR`` (``recipes.convert --from open_clip:NAME``): the run starts from the converted
+    model (same features as the folder rebuilt by load_converted) and trains it; a wrong name is one line."""
+    from diffzoo.tasks.contrastive import ContrastiveTask
+    from diffzoo.weights import load_clip_weights, load_converted
+    from recipes.convert import main as convert
+
+    monkeypatch.chdir(tmp_path)
+    convert(["--from", f"open_clip:{tiny}", "--attn", "diff_v2", "--out", str(tmp_path / "conv")])
+    start = load_converted(tmp_path / "conv")
+    assert sum(type(m).__name__ == "OpenClipDiffAttentionV2" for m in start.modules()) > 0
+    task = ContrastiveTask(model=tiny, init_from=str(tmp_path / "conv"))
+    images, text = torch.randn(2, 3, 32, 32), torch.randint(0, 100, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(task.model.eval().encode_image(images), start.encode_image(images))
+        assert torch.equal(task.model.encode_text(text), start.encode_text(text))
+
+    cfg = _digits_config(tmp_path / "c.yaml", tiny)
+    cli = cli_main(["fit", "--config", str(cfg), "--trainer.max_steps", "2", "--model.init_from", str(tmp_path / "conv")])
+    assert cli.trainer.global_step == 2
+    after = cli.model.model.state_dict()
+    assert any(not torch.equal(v, after[k]) for k, v in start.state_dict().items())
+    summary = json.loads(Path(cli.trainer.log_dir, "summary.json").read_text())
+    reloaded = load_converted(tmp_path / "conv")  # the converted architecture, then the trained weights
+    load_clip_weights(reloaded, summary["safetensors"])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.encode_image(images), cli.model.model.eval().encode_image(images))
+    from diffzoo.tasks.contrastive import ClipRunSummary
+
+    assert "load_converted(" in ClipRunSummary().reload_hint(cli.model, summary["safetensors"])
+
+    with pytest.raises(ValueError, match=r"^--model\.init_from .* was converted from 'TinyCLIP-test', not 'RN50'"):
+        ContrastiveTask(model="RN50", init_from=str(tmp_path / "conv"))
+    with pytest.raises(ValueError, match=r"^--model\.init_from rebuilds the converted model"):
+        ContrastiveTask(model=tiny, init_from=str(tmp_path / "conv"), checkpoint=summary["safetensors"])

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import diffzoo  # noqa: F401  (registers the ViTs with timm)
-from diffzoo import convert as cv
 from diffzoo.layers import Attention, DiffAttention, DiffAttentionV2
 from diffzoo.models.lm import CausalLM, LMConfig
+from diffzoo.weights import convert as cv
 
 TOL = 1e-5
 
@@ -355,7 +355,7 @@ def test_cli_converts_a_tied_lm_export_of_any_shape(tmp_path: Path) -> None:
 
 
 def test_init_from_a_wrong_architecture_is_one_line(tmp_path: Path) -> None:
-    from diffzoo.tasks.init_from import load_init_from
+    from diffzoo.weights.convert import load_init_from
     from recipes.convert import main
 
     main(["--from", "diffzoo:lm_tiny", "--attn", "diff_v2", "--out", str(tmp_path / "v2")])
@@ -373,3 +373,65 @@ def test_cli_softmax_writes_the_vit_source_unchanged(tmp_path: Path) -> None:
     assert meta["check"]["max_abs_diff"] == 0 and meta["rebuild_hint"] == "--model.model softvit_nano_patch7_28"
     rebuilt = cv.load_converted(tmp_path / "same")
     assert not any(isinstance(m, (DiffAttention, DiffAttentionV2)) for m in rebuilt.modules())
+
+
+def test_cli_refuses_an_out_folder_that_holds_weights_unless_overwrite(tmp_path: Path) -> None:
+    from recipes.convert import main
+
+    args = ["--from", "diffzoo:lm_tiny", "--attn", "diff_v2", "--out", str(tmp_path / "c")]
+    main(args)
+    first = (tmp_path / "c" / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit, match=r"--out .*c already holds model\.safetensors and convert\.json: .*--overwrite"):
+        main(args[:-4] + ["--attn", "diff", "--out", str(tmp_path / "c")])
+    assert (tmp_path / "c" / "model.safetensors").read_bytes() == first  # left as it was
+    main(args[:-4] + ["--attn", "diff", "--out", str(tmp_path / "c"), "--overwrite"])
+    assert json.loads((tmp_path / "c" / "convert.json").read_text())["attn"] == "diff"
+
+
+def test_cli_unknown_source_models_are_one_line(tmp_path: Path) -> None:
+    from recipes.convert import main
+
+    with pytest.raises(SystemExit, match=r"^python -m recipes\.convert: error: --from timm:no_such_model: unknown timm"):
+        main(["--from", "timm:no_such_model", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"unknown timm model; did you mean vit_tiny_patch16_224"):
+        main(["--from", "timm:vit_tiny_patch16_22", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit, match=r"unknown open_clip model 'no_such_clip'"):
+        main(["--from", "open_clip:no_such_clip", "--out", str(tmp_path / "a")])
+    assert not (tmp_path / "a").exists()
+
+
+def test_every_training_task_can_start_from_a_converted_model() -> None:
+    """Each LightningModule of diffzoo.tasks takes ``init_from`` (``--model.init_from DIR`` in its recipe), by
+    name or through ``**kwargs`` handed to a base class that takes it."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import lightning.pytorch as pl
+
+    import diffzoo.tasks
+
+    found = {}
+    for info in pkgutil.walk_packages(diffzoo.tasks.__path__, "diffzoo.tasks."):
+        for name, obj in vars(importlib.import_module(info.name)).items():
+            if inspect.isclass(obj) and issubclass(obj, pl.LightningModule) and obj.__module__.startswith("diffzoo."):
+                params = inspect.signature(obj.__init__).parameters
+                forwards = any(p.kind is p.VAR_KEYWORD for p in params.values()) and any(
+                    "init_from" in inspect.signature(base.__init__).parameters for base in obj.__mro__[1:])
+                found[name] = "init_from" in params or forwards
+    assert {"ImageClassificationTask", "ContrastiveTask", "LanguageModelTask", "MQARTask"} <= set(found)
+    assert all(found.values()), f"tasks without init_from: {[n for n, ok in found.items() if not ok]}"
+
+
+def test_speech_task_starts_from_a_converted_folder(tmp_path: Path) -> None:
+    """The speech encoders have no converter of their own; ``--attn softmax`` writes one in the folder format,
+    and the speech task starts from it like the other tasks."""
+    from diffzoo.tasks import SpeechClassificationTask
+    from recipes.convert import main
+
+    main(["--from", "timm:softkwt_nano", "--attn", "softmax", "--out", str(tmp_path / "kwt")])
+    start = cv.load_converted(tmp_path / "kwt").state_dict()
+    task = SpeechClassificationTask(model="softkwt_nano", init_from=str(tmp_path / "kwt"), train_only="attention")
+    assert all(torch.equal(v, start[k]) for k, v in task.model.state_dict().items())
+    with pytest.raises(ValueError, match=r"^--model\.init_from .*the weights do not fit this model"):
+        SpeechClassificationTask(model="diffkwt_nano", init_from=str(tmp_path / "kwt"))

@@ -28,10 +28,10 @@ def _quick_source(root: Path, seed: int) -> Path:
 
 
 def test_mqar_starts_from_converted_weights_and_trains_only_attention(tmp_path: Path) -> None:
-    from diffzoo.checkpoint_io import read_weights
     from diffzoo.layers import DiffAttention
     from diffzoo.study.runs import latest_log_dir
     from diffzoo.tasks.mqar import MQARTask
+    from diffzoo.weights.io import read_weights
     from recipes.convert import main as convert
     from recipes.convert_study import lm_kwargs
     from recipes.mqar import cli_main

@@ -1,4 +1,5 @@
-"""The diffzoo package's imports flow one way: layers <- models <- data / tasks, analysis beside them.
+"""The diffzoo package's imports flow one way: kernels <- layers <- models <- weights / evaluation <- tasks,
+data and analysis beside them; only training code (tasks, and data's DataModules) imports Lightning.
 
 The graph is read from the source (ast), so imports inside functions and modules named to
 ``importlib.import_module`` count as much as the ones at the top of a file.
@@ -17,17 +18,25 @@ PACKAGE = Path(__file__).resolve().parents[1] / "diffzoo"
 
 # Subpackage -> the subpackages it may import. kernels and layers import nothing above them; data sets
 # know no model (a recipe passes the model's input settings to a DataModule); analysis measures layers
-# and reads needle spans from data; tasks use everything below them; the study harness runs recipes in
-# processes of their own and reads only the variant names (layers) and the divergence record's name (tasks).
+# and reads needle spans from data; weights read, write and convert the models' weights; evaluation
+# scores a model it is given (needle contexts from data, attention maps from analysis) and loads none;
+# tasks (training) use everything below them; the study harness runs recipes in processes of their own and
+# reads only the variant names (layers) and the divergence record's name (tasks).
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "layers": {"kernels"},
     "models": {"kernels", "layers"},
     "analysis": {"kernels", "layers", "data"},
     "data": set(),
-    "tasks": {"kernels", "layers", "models", "data", "analysis"},
+    "weights": {"kernels", "layers", "models"},
+    "evaluation": {"kernels", "layers", "data", "analysis"},
+    "tasks": {"kernels", "layers", "models", "data", "analysis", "weights", "evaluation"},
     "study": {"layers", "tasks"},
 }
+
+# Subpackages whose modules may import the training framework (Lightning and its metrics): training code.
+TRAINING = {"tasks", "data"}
+TRAINING_LIBRARIES = ("lightning", "pytorch_lightning", "torchmetrics")
 
 
 def module_name(path: Path) -> str:
@@ -133,10 +142,41 @@ def test_subpackages_import_only_downwards() -> None:
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
+def training_imports(path: Path) -> list[tuple[str, int]]:
+    """``(module, line)`` of every import of a training library (:data:`TRAINING_LIBRARIES`) in one file,
+    including imports inside functions."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [(n, node.lineno) for n in names if n.split(".")[0] in TRAINING_LIBRARIES]
+    return found
+
+
+def test_only_training_code_imports_lightning() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        if subpackage(module) in TRAINING:
+            continue
+        wrong += [f"{module}:{line} imports {name}" for name, line in training_imports(path)]
+    assert not wrong, "Lightning outside training code (diffzoo.tasks / diffzoo.data):\n" + "\n".join(wrong)
+
+
+def test_training_imports_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    path.write_text("import lightning.pytorch as pl\ndef f():\n    from torchmetrics import MeanMetric\nimport torchvision\n")
+    assert training_imports(path) == [("lightning.pytorch", 1), ("torchmetrics", 3)]
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("from ..tasks.retrieval import f\n", {("diffzoo.tasks.retrieval", 1)}),
+        ("from ..evaluation.retrieval import f\n", {("diffzoo.evaluation.retrieval", 1)}),
         ("from .. import models\n", {("diffzoo.models", 1)}),
         ("def f():\n    from ..layers import Block\n", {("diffzoo.layers", 2)}),
         ('import importlib\nimportlib.import_module("diffzoo.models.clip")\n', {("diffzoo.models.clip", 2)}),

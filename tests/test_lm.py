@@ -16,9 +16,9 @@ from diffzoo.data.text import (
     pydoc_topics_text,
     tokenize_corpus,
 )
+from diffzoo.evaluation.retrieval import attention_scores, evaluate_retrieval
 from diffzoo.layers import Attention, count_parameters
 from diffzoo.models.lm import CausalLM, LMConfig, generate, left_pad, matched_lm_pair, sample_next
-from diffzoo.tasks.retrieval import attention_scores, evaluate_retrieval
 
 ATTNS = ("diff", "diff_v2", "softmax")
 
@@ -127,7 +127,7 @@ def test_generate_stops_at_eos_and_keeps_emitting_it() -> None:
 @pytest.mark.parametrize("tie,kv_heads,bias", [(False, 4, False), (True, 2, True)])
 def test_difflama_conversion_both_ways(tie: bool, kv_heads: int, bias: bool) -> None:
     transformers = pytest.importorskip("transformers")
-    from diffzoo.models.hf_difflama import diffzoo_state_dict_to_hf, from_hf_difflama, to_hf_difflama
+    from diffzoo.weights.hf_difflama import diffzoo_state_dict_to_hf, from_hf_difflama, to_hf_difflama
 
     torch.manual_seed(0)
     cfg = transformers.DiffLlamaConfig(
@@ -160,7 +160,7 @@ def test_difflama_conversion_both_ways(tie: bool, kv_heads: int, bias: bool) -> 
 
 def test_difflama_converter_refuses_what_it_cannot_express() -> None:
     pytest.importorskip("transformers")
-    from diffzoo.models.hf_difflama import to_hf_difflama
+    from diffzoo.weights.hf_difflama import to_hf_difflama
 
     with pytest.raises(ValueError, match="attn='softmax'"):
         to_hf_difflama(tiny("softmax"))

@@ -97,7 +97,7 @@ def test_resume_continues_exactly_and_exports(tmp_path: Path, monkeypatch) -> No
     summary = json.loads(Path(resumed.trainer.log_dir, "summary.json").read_text())
     metrics = summary["metrics"]
     assert metrics["val/ppl"] == pytest.approx(torch.exp(torch.tensor(metrics["val/loss"])).item(), rel=1e-5)
-    from diffzoo.tasks.lm import load_lm
+    from diffzoo.weights.export import load_lm
 
     model = load_lm(summary["safetensors"]).eval()
     x = torch.randint(0, 256, (2, 16))

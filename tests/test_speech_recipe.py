@@ -55,7 +55,7 @@ trainer:
     assert summary["metrics"]["data/bad_samples"] == 0
     assert list(tmp_path.glob("data/cache/speech_synth/synth_keywords_*.pt"))  # cached under the run folder
     # the exported safetensors reload through timm and give the task's logits
-    from diffzoo.tasks.export import load_exported
+    from diffzoo.weights.export import load_exported
 
     model = load_exported(summary["safetensors"]).eval()
     wave, lengths = torch.randn(2, 16000) * 0.1, torch.tensor([16000, 12000])

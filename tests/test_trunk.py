@@ -321,8 +321,7 @@ def test_lm_attention_maps_and_outliers_recorded_together() -> None:
 
 
 def test_lm_exports_with_the_former_head_names_reload(tmp_path, ref) -> None:
-    from diffzoo.tasks.export import save_safetensors
-    from diffzoo.tasks.lm import load_lm
+    from diffzoo.weights.export import load_lm, save_safetensors
 
     r = ref["lm"]
     sd = {k: v for k, v in r["state_dict"].items() if k != "output.weight"}  # tied: exports store it once

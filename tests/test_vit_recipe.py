@@ -125,7 +125,7 @@ def test_resume_continues_exactly(tmp_path: Path, monkeypatch) -> None:
     assert train_losses(resumed.trainer.log_dir)[-4:] == pytest.approx(train_losses(straight.trainer.log_dir)[-4:], abs=1e-5)
 
     # export: the safetensors file reloads through timm and gives the same logits
-    from diffzoo.tasks import export_checkpoint, load_exported
+    from diffzoo.weights import export_checkpoint, load_exported
 
     summary = json.loads(Path(resumed.trainer.log_dir, "summary.json").read_text())
     model = load_exported(summary["safetensors"]).eval()

@@ -1,4 +1,5 @@
-"""diffzoo.tasks.zeroshot: top-k, Recall@k and the zero-shot classifier on cases computed by hand."""
+"""diffzoo.evaluation.zeroshot (top-k, Recall@k and the zero-shot classifier on cases computed by hand) and the
+CLIP loaders of diffzoo.weights.clip."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from diffzoo.tasks import zeroshot as zs
+from diffzoo.evaluation import zeroshot as zs
+from diffzoo.weights import clip as clip_weights
 
 # Similarities image i (rows) x text j (columns); text j belongs to image j.
 #   img0: t0 first -> found at 1;  img1: t0, t1 -> found at 2;  img2: t1, t0, t2 -> found at 3
@@ -101,16 +103,19 @@ def test_load_clip_weights_from_every_format(tmp_path: Path) -> None:
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "m.safetensors"))
     for name in ("run.ckpt", "oc.pt", "m.safetensors"):
         dst = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
-        zs.load_clip_weights(dst, tmp_path / name)
+        clip_weights.load_clip_weights(dst, tmp_path / name)
         assert all(torch.equal(dst.state_dict()[k], v) for k, v in state.items()), name
-    assert zs.checkpoint_model_name(tmp_path / "run.ckpt") == "Tiny"
+    assert clip_weights.checkpoint_model_name(tmp_path / "run.ckpt") == "Tiny"
     with pytest.raises(ValueError, match=r"oc.pt does not fit the model: 2 missing"):
-        zs.load_clip_weights(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(2, 2)), tmp_path / "oc.pt")
+        clip_weights.load_clip_weights(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(2, 2)), tmp_path / "oc.pt")
     with pytest.raises(FileNotFoundError, match="nope.ckpt"):
-        zs.load_clip_weights(src, tmp_path / "nope.ckpt")
+        clip_weights.load_clip_weights(src, tmp_path / "nope.ckpt")
+    with pytest.raises(ValueError, match=r"^\S*m.safetensors does not fit the model: 0.bias has shape \(4,\), the "
+                                         r"model's is \(5,\) \(3 shape mismatch"):  # one line, not torch's size report
+        clip_weights.load_clip_weights(nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)), tmp_path / "m.safetensors")
 
 
 def test_unknown_model_name_suggests_close_ones() -> None:
     with pytest.raises(ValueError, match="unknown open_clip model 'ViT-B-61'.*ViT-B-16"):
-        zs.check_model_name("ViT-B-61")
-    zs.check_model_name("ViT-B-16")
+        clip_weights.check_model_name("ViT-B-61")
+    clip_weights.check_model_name("ViT-B-16")

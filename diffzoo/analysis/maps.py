@@ -510,7 +510,7 @@ def attention_noise(layers: MapsLike, query: Any = None, relevant: Any = None) -
 
     Returns:
         an :class:`AttentionNoise`. ``attention_noise(maps, G, A).per_sample()`` equals the first value
-        of :func:`diffzoo.tasks.retrieval.attention_scores` ``(maps, G, A, noise)`` (tested).
+        of :func:`diffzoo.evaluation.retrieval.attention_scores` ``(maps, G, A, noise)`` (tested).
     """
     items = _as_layer_maps(layers)
     ans, ent, neg = [], [], []
@@ -646,7 +646,7 @@ def speech_relevance(
 def needle_relevance(samples: Sequence[Any]) -> tuple[Tensor, Tensor, Tensor]:
     """``(query, answer, noise)`` bool ``(B, N)`` masks of needle-retrieval contexts.
 
-    :func:`diffzoo.data.needles.needle_masks`, the masks :func:`diffzoo.tasks.retrieval.evaluate_retrieval`
+    :func:`diffzoo.data.needles.needle_masks`, the masks :func:`diffzoo.evaluation.retrieval.evaluate_retrieval`
     scores: the queries are the positions that predict the answer tokens, the answer is the queried
     needle's value in the context, the noise the distractor text. ``samples`` are
     :class:`~diffzoo.data.needles.NeedleSample` of one length.

@@ -8,7 +8,6 @@ model configs; the causal LM lives in :mod:`diffzoo.models.lm`.
 """
 
 from .clip import DiffTextTower, DiffVisionTower, DiffzooTowerCfg, clip_model_names, create_clip
-from .hf_difflama import from_hf_difflama, to_hf_difflama  # transformers is imported only when called
 from .lm import LM_PRESETS, CausalLM, LMConfig, generate, left_pad, matched_lm_pair, sample_next
 from .speech import (
     SPEECH_CONFIGS,
@@ -49,7 +48,6 @@ __all__ = [
     "checkpoint_filter_fn",
     "clip_model_names",
     "create_clip",
-    "from_hf_difflama",
     "generate",
     "left_pad",
     "matched_lm_pair",
@@ -58,6 +56,5 @@ __all__ = [
     "model_names",
     "sample_next",
     "speech_model_names",
-    "to_hf_difflama",
     "vision_transformer",
 ]

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from ..weights.convert import load_init_from
 from .callbacks import GuardedTraining
-from .init_from import TrainsOnlyFirst, check_train_only, load_init_from
+from .init_from import TrainsOnlyFirst, check_train_only
 from .metrics import FiniteMulticlassAccuracy
 from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
 from .resume import RestoresRNG
@@ -49,7 +50,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
         ema_decay: weight EMA decay (e.g. 0.9998), or None for none; validated as ``val/top1_ema``.
         grad_checkpointing: recompute block activations in the backward pass.
         init_from: a folder written by ``python -m recipes.convert`` to start from (the model must have
-            the converted architecture), see :mod:`diffzoo.tasks.init_from`.
+            the converted architecture), see :func:`diffzoo.weights.load_init_from`.
         train_only: ``"attention"`` to train only the attention layers until ``unfreeze_after``.
         unfreeze_after: optimizer step from which every parameter trains (None: never, with ``train_only``).
     """

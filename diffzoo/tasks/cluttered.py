@@ -12,9 +12,10 @@ from torch import Tensor
 
 from ..layers.variants import apply_variant
 from ..models.variants import vit_create_args
+from ..weights.export import save_safetensors
+from ..weights.io import submodule_state
 from .callbacks import RunSummary
 from .classification import ImageClassificationTask
-from .export import save_safetensors, submodule_state
 
 __all__ = ["VariantImageTask", "VariantRunSummary"]
 

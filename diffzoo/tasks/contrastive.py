@@ -24,12 +24,15 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from ..evaluation.zeroshot import pair_retrieval, topk_hits, zero_shot_classifier
+from ..weights.clip import check_model_name, load_clip_weights
+from ..weights.convert import load_converted
+from ..weights.export import save_safetensors
+from ..weights.io import submodule_state
 from .callbacks import GuardedTraining, RunSummary
 from .classification import count_of
-from .export import save_safetensors, submodule_state
 from .optim import adamw_warmup_cosine, epochs_to_steps, weight_decay_groups
 from .resume import RestoresRNG
-from .zeroshot import check_model_name, load_clip_weights, pair_retrieval, topk_hits, zero_shot_classifier
 
 MAX_LOGIT_SCALE = math.log(100.0)
 # Parameter names (substrings) trained without weight decay, besides every parameter with < 2 dims.
@@ -57,6 +60,9 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         pretrained: open_clip pretrained tag or weight file to start from.
         checkpoint: weights to start from (diffzoo Lightning checkpoint, open_clip checkpoint, state
             dict or safetensors), loaded after ``pretrained``. Resuming a run uses ``--ckpt_path`` instead.
+        init_from: a folder written by ``python -m recipes.convert --from open_clip:MODEL`` to start from:
+            the model is rebuilt from the folder (``MODEL`` with its attention converted) and its weights
+            loaded, see :func:`diffzoo.weights.load_converted`. ``model`` must name the converted source.
         model_kwargs: more ``open_clip.create_model`` arguments (``force_image_size``, ...).
         lr: peak learning rate (AdamW).
         weight_decay: AdamW weight decay on matrices (none on biases, norms, embeddings, logit_scale).
@@ -90,13 +96,20 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         grad_checkpointing: bool = False,
         zeroshot_classes_per_batch: int = 10,
         retrieval_ks: Sequence[int] = (1, 5, 10),
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         import open_clip
 
         check_model_name(model)
-        self.model = open_clip.create_model(model, pretrained=pretrained, **dict(model_kwargs or {}))
+        if init_from is not None:
+            if pretrained or checkpoint or model_kwargs:
+                raise ValueError("--model.init_from rebuilds the converted model from its folder; leave "
+                                 "--model.pretrained, --model.checkpoint and --model.model_kwargs unset")
+            self.model = load_converted(init_from, what="--model.init_from", family="open_clip", name=model).train()
+        else:
+            self.model = open_clip.create_model(model, pretrained=pretrained, **dict(model_kwargs or {}))
         if checkpoint:
             load_clip_weights(self.model, checkpoint)
         if grad_checkpointing:
@@ -301,7 +314,8 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
 class ClipRunSummary(RunSummary):
     """:class:`~diffzoo.tasks.callbacks.RunSummary` for CLIP: ``summary.json`` plus ``model.safetensors``
     holding the open_clip state dict (model name in the header), reloadable with
-    :func:`~diffzoo.tasks.zeroshot.load_clip` ``(name, checkpoint=path)``.
+    :func:`~diffzoo.weights.load_clip` ``(name, checkpoint=path)`` (a model started from a converted folder:
+    :func:`~diffzoo.weights.load_clip_weights` into :func:`~diffzoo.weights.load_converted` of that folder).
 
     Args:
         export: write ``model.safetensors``.
@@ -320,4 +334,7 @@ class ClipRunSummary(RunSummary):
         return {"safetensors": str(path)}
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
-        return f"diffzoo.tasks.zeroshot.load_clip({pl_module.hparams.get('model')!r}, checkpoint={path!r})"
+        init_from = pl_module.hparams.get("init_from")
+        if init_from is not None:  # a converted architecture: rebuilt from its folder, then these weights loaded
+            return (f"diffzoo.weights.load_clip_weights(diffzoo.weights.load_converted({init_from!r}), {path!r})")
+        return f"diffzoo.weights.load_clip({pl_module.hparams.get('model')!r}, checkpoint={path!r})"

@@ -6,7 +6,6 @@ optimizer steps. Checkpoints carry the Python/NumPy/torch RNG states, so a resum
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -17,14 +16,15 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from ..models.lm import LM_PRESETS, LM_RENAMED, CausalLM, LMConfig, preset_args
+from ..models.lm import LM_PRESETS, CausalLM, LMConfig, preset_args
+from ..weights.convert import load_init_from
+from ..weights.export import export_lm
 from .callbacks import GuardedTraining, RunSummary
-from .export import read_metadata, safetensors_metadata, save_safetensors, submodule_state
-from .init_from import TrainsOnlyFirst, check_train_only, load_init_from
+from .init_from import TrainsOnlyFirst, check_train_only
 from .optim import adamw_warmup_cosine, weight_decay_groups
 from .resume import RestoresRNG
 
-__all__ = ["LMRunSummary", "LanguageModelTask", "export_lm", "load_lm"]
+__all__ = ["LMRunSummary", "LanguageModelTask"]
 
 
 class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.LightningModule):
@@ -41,7 +41,7 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
         warmup_steps: linear warmup in optimizer steps.
         min_lr_ratio: final learning rate of the cosine relative to ``lr``.
         init_from: a folder written by ``python -m recipes.convert`` to start from (``model``/``attn``/
-            ``model_kwargs`` must give the converted architecture), see :mod:`diffzoo.tasks.init_from`.
+            ``model_kwargs`` must give the converted architecture), see :func:`diffzoo.weights.load_init_from`.
         train_only: ``"attention"`` to train only the attention layers until ``unfreeze_after``.
         unfreeze_after: optimizer step from which every parameter trains (None: never, with ``train_only``).
     """
@@ -135,45 +135,9 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
                                    warmup_steps=hp.warmup_steps, min_lr_ratio=hp.min_lr_ratio)
 
 
-def export_lm(task: LanguageModelTask, path: Any, state_dict: dict[str, Tensor] | None = None) -> Path:
-    """Write the model's weights to safetensors (a tied output weight is stored once, as the embedding).
-
-    ``state_dict``: the task's full state dict when its parameters are sharded (see :func:`export_module`).
-    """
-    sd = submodule_state(state_dict, "model.") if state_dict is not None else task.model.state_dict()
-    if task.config.tie_embeddings:
-        sd.pop("output.weight")
-    args = preset_args(task.hparams["model"], **(task.hparams.get("model_kwargs") or {}))
-    args.update(attn=task.hparams["attn"], vocab_size=task.hparams["vocab_size"])
-    return save_safetensors(sd, path, task.hparams["model"], args)
-
-
-def load_lm(path: Any) -> CausalLM:
-    """Rebuild a :class:`CausalLM` from a file written by :func:`export_lm`.
-
-    Raises ``ValueError`` (one line) for a file that is not such an export: not safetensors, no diffzoo
-    metadata, or the weights of another model family (e.g. a ViT export).
-    """
-    from safetensors.torch import load_file
-
-    meta = safetensors_metadata(path)
-    if "model" not in meta or "model_args" not in meta:
-        raise ValueError(f"{path} has no diffzoo metadata (model, model_args); load_lm reads the model.safetensors "
-                         "that python -m recipes.lm (export_lm) writes")
-    name, args = read_metadata(path)
-    fields = {f.name for f in dataclasses.fields(LMConfig)} | set(LM_RENAMED)  # older exports use the former names
-    if name not in LM_PRESETS or not set(args) <= fields:
-        raise ValueError(
-            f"{path} holds a {name!r} model, not a diffzoo language model; pass a model.safetensors written by "
-            f"python -m recipes.lm (presets: {', '.join(sorted(LM_PRESETS))})"
-        )
-    model = CausalLM(LMConfig(**args))
-    model.load_state_dict(load_file(str(path)), strict=not model.config.tie_embeddings)
-    return model
-
-
 class LMRunSummary(RunSummary):
-    """:class:`~diffzoo.tasks.callbacks.RunSummary` for the LM: ``model.safetensors`` by :func:`export_lm`,
+    """:class:`~diffzoo.tasks.callbacks.RunSummary` for the LM: ``model.safetensors`` by
+    :func:`~diffzoo.weights.export_lm`,
     the attention kind and parameter count in ``summary.json``, and loss with perplexity as the headline.
 
     Args:
@@ -190,7 +154,7 @@ class LMRunSummary(RunSummary):
         return {"safetensors": str(export_lm(pl_module, out / "model.safetensors", state_dict))}
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
-        return f"diffzoo.tasks.load_lm({path!r})"
+        return f"diffzoo.weights.load_lm({path!r})"
 
     def extra_fields(self, pl_module: pl.LightningModule) -> dict[str, Any]:
         params = sum(p.numel() for p in pl_module.model.parameters())

@@ -14,9 +14,11 @@ from torchmetrics import MeanMetric
 from ..data.mqar import IGNORE
 from ..models.lm import LMConfig
 from ..models.variants import build_lm
+from ..weights.convert import load_init_from
+from ..weights.export import save_safetensors
+from ..weights.io import submodule_state
 from .callbacks import GuardedTraining, RunSummary
-from .export import save_safetensors, submodule_state
-from .init_from import TrainsOnlyFirst, check_train_only, load_init_from
+from .init_from import TrainsOnlyFirst, check_train_only
 from .lm import LanguageModelTask
 from .resume import RestoresRNG
 
@@ -42,7 +44,7 @@ class MQARTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.LightningModule
         warmup_steps: linear warmup in optimizer steps; min_lr_ratio: end of the cosine.
         max_seq_len: the RoPE/cache length bound of the model (>= the sequence length).
         init_from: a folder written by ``python -m recipes.convert`` to start from (``attn`` and the shape
-            must give the converted architecture), see :mod:`diffzoo.tasks.init_from`.
+            must give the converted architecture), see :func:`diffzoo.weights.load_init_from`.
         train_only: ``"attention"`` to train only the attention layers until ``unfreeze_after``.
         unfreeze_after: optimizer step from which every parameter trains (None: never, with ``train_only``).
     """

@@ -27,6 +27,8 @@ class SpeechClassificationTask(ImageClassificationTask):
         label_smoothing: label smoothing of the training loss.
         ema_decay: weight EMA decay, or None; validated as ``val/top1_ema``.
         grad_checkpointing: recompute block activations in the backward pass.
+        init_from, train_only, unfreeze_after: start from a converted model and train only its attention
+            layers first, as :class:`ImageClassificationTask`.
     """
 
     def __init__(
@@ -42,6 +44,9 @@ class SpeechClassificationTask(ImageClassificationTask):
         label_smoothing: float = 0.0,
         ema_decay: float | None = None,
         grad_checkpointing: bool = False,
+        init_from: str | None = None,
+        train_only: str | None = None,
+        unfreeze_after: int | None = None,
     ) -> None:
         import diffzoo.models.speech  # noqa: F401  (registers the speech models with timm)
 
@@ -49,6 +54,7 @@ class SpeechClassificationTask(ImageClassificationTask):
             model=model, num_classes=num_classes, in_chans=1, model_kwargs=model_kwargs, lr=lr,
             weight_decay=weight_decay, betas=betas, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
             label_smoothing=label_smoothing, ema_decay=ema_decay, grad_checkpointing=grad_checkpointing,
+            init_from=init_from, train_only=train_only, unfreeze_after=unfreeze_after,
         )
 
     skipped_samples = "unusable audio file(s)"

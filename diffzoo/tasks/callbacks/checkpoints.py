@@ -8,14 +8,14 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from ...checkpoint_io import CheckpointReadError, load_torch_file
+from ...weights.io import CheckpointReadError, load_torch_file
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` reading checkpoints with ``torch.load(weights_only=True)`` only.
 
     ``weights_only=False`` requests are not honoured: diffzoo's checkpoints hold tensors and plain values,
-    and a file that needs more is refused (:mod:`diffzoo.checkpoint_io`) instead of being unpickled.
+    and a file that needs more is refused (:mod:`diffzoo.weights.io`) instead of being unpickled.
     """
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:

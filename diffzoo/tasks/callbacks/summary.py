@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from ..export import export_module
+from ...weights.export import export_module
 
 
 def refuse_empty_budget(trainer: pl.Trainer) -> None:
@@ -96,7 +96,7 @@ class RunSummary(pl.Callback):
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
         """The call that rebuilds the model from the exported weights."""
-        return f"diffzoo.tasks.load_exported({path!r})"
+        return f"diffzoo.weights.load_exported({path!r})"
 
     def extra_fields(self, pl_module: pl.LightningModule) -> dict[str, Any]:
         """More ``summary.json`` entries of this kind of run."""

@@ -11,6 +11,10 @@ user's behalf goes through this module instead:
 
 Empty, truncated and non-checkpoint files are refused with a :class:`CheckpointReadError` that says what
 the file is not, instead of a bare ``EOFError`` or ``UnpicklingError``.
+
+:func:`read_state_dict` reads the model's state dict out of any training checkpoint (a Lightning ``.ckpt``,
+an open_clip / DDP / ``torch.compile`` checkpoint or a plain state dict): :func:`unwrap_state_dict` is the
+one place that knows those wrappers.
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ import pickle
 import re
 import warnings
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 PathLike = str | os.PathLike
 
-__all__ = ["CheckpointReadError", "SAFE_GLOBALS", "UnsafeCheckpointError", "check_checkpoint_file", "load_torch_file",
-           "read_weights"]
+__all__ = ["CheckpointReadError", "SAFE_GLOBALS", "UnsafeCheckpointError", "check_checkpoint_file", "is_lightning_checkpoint",
+           "load_torch_file", "read_state_dict", "compare_state", "read_weights", "submodule_state", "unwrap_state_dict"]
 
 # Types whose reconstruction runs no code of the file's choosing: argparse.Namespace (the training
 # arguments some published checkpoints carry) only receives attribute values, which are themselves
@@ -145,3 +151,76 @@ def check_checkpoint_file(path: PathLike, what: str = "checkpoint") -> None:
     Remote paths (``http://``, ``s3://``, ...) are refused: download the file first.
     """
     load_torch_file(path, what=what, mmap=True)
+
+
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
+
+
+def unwrap_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, Tensor]:
+    """The model state_dict inside a training checkpoint.
+
+    Follows ``"state_dict"`` / ``"model"`` / ``"module"`` entries that hold dicts and strips the prefixes
+    ``module.`` (DistributedDataParallel) and ``_orig_mod.`` (``torch.compile``) when every key has them.
+    """
+    sd: Any = checkpoint
+    while isinstance(sd, Mapping):
+        inner = next((sd[k] for k in ("state_dict", "model", "module") if isinstance(sd.get(k), Mapping)), None)
+        if inner is None:
+            break
+        sd = inner
+    if not isinstance(sd, Mapping) or not sd:
+        raise ValueError(
+            "the checkpoint holds no state_dict (expected a dict of tensors, or one under 'state_dict'/'model')"
+        )
+    sd = dict(sd)
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in _WRAPPER_PREFIXES:
+            if all(k.startswith(prefix) for k in sd):
+                sd = {k[len(prefix):]: v for k, v in sd.items()}
+                stripped = True
+    not_tensors = sorted(k for k, v in sd.items() if not isinstance(v, Tensor))
+    if not_tensors:
+        raise ValueError(f"the state_dict has entries that are not tensors: {not_tensors[:10]}")
+    return sd
+
+
+def submodule_state(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The entries of ``state_dict`` under ``prefix`` (e.g. ``"model."``), with the prefix removed."""
+    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+
+
+def compare_state(model: nn.Module, state: Mapping[str, Tensor]) -> tuple[list[str], list[str], list[str]]:
+    """How ``state`` fits ``model``: ``(missing, unexpected, mismatched)`` keys, the model's keys absent from
+    ``state`` (in the model's order), the keys of ``state`` the model lacks and those whose shapes differ
+    (both in ``state``'s order). Check before ``load_state_dict``: torch raises a multi-line error on a shape
+    mismatch even with ``strict=False``."""
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = [k for k in shapes if k not in state]
+    unexpected = [k for k in state if k not in shapes]
+    mismatched = [k for k, v in state.items() if k in shapes and tuple(v.shape) != shapes[k]]
+    return missing, unexpected, mismatched
+
+
+def is_lightning_checkpoint(content: Any) -> bool:
+    """Whether ``content`` (a read file) is a Lightning checkpoint (``state_dict`` and a Lightning version)."""
+    return (isinstance(content, dict) and "pytorch-lightning_version" in content
+            and isinstance(content.get("state_dict"), dict))
+
+
+def read_state_dict(path: PathLike, what: str = "checkpoint", prefix: str = "model.") -> dict[str, Tensor]:
+    """The model weights in ``path``: a diffzoo Lightning checkpoint (the entries under ``prefix``, the task's
+    model), an open_clip / DDP / ``torch.compile`` training checkpoint, a plain state dict or a safetensors file.
+
+    Raises:
+        ValueError: one line naming the file when it holds no state dict of tensors (besides the errors of
+            :func:`read_weights`).
+    """
+    content = read_weights(path, what=what)
+    if is_lightning_checkpoint(content):
+        content = submodule_state(content["state_dict"], prefix)
+    try:
+        return unwrap_state_dict(content)  # open_clip / DDP / torch.compile wrappers
+    except ValueError as e:
+        raise ValueError(f"{_label(Path(path), what)} holds no model weights: {e}") from None

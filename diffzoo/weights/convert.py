@@ -28,6 +28,10 @@ Also here: loading weights written by Microsoft's reference code (unilm ``Diff-T
 whose rotary embedding rotates interleaved channel pairs ``(2j, 2j+1)`` where diffzoo rotates
 ``(j, j + d/2)`` (:func:`unilm_state_dict_to_diffzoo`).
 
+A conversion is saved as a folder (:func:`save_converted`: ``model.safetensors`` and ``convert.json``, how
+to rebuild); :func:`read_converted` is the one reader of that folder, behind :func:`load_converted` (rebuild
+the converted model) and :func:`load_init_from` (load the weights into a model a task built).
+
 Only torch and :mod:`diffzoo.layers` are imported with this module; timm, open_clip and transformers
 are imported inside the functions that need them.
 """
@@ -35,21 +39,24 @@ are imported inside the functions that need them.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from .layers.attention import Attention
-from .layers.diff_attention import DiffAttention, DiffAttentionV2
+from ..layers.attention import Attention
+from ..layers.diff_attention import DiffAttention, DiffAttentionV2
 
 __all__ = [
     "ATTN_KINDS",
     "OpenClipDiffAttention",
     "OpenClipDiffAttentionV2",
     "SoftmaxWeights",
+    "build_converted",
     "calibrate_sub_norms",
     "convert_lm",
     "convert_open_clip",
@@ -57,8 +64,10 @@ __all__ = [
     "from_hf_llama",
     "interleaved_to_rotate_half",
     "load_converted",
+    "load_init_from",
     "load_v1",
     "load_v2",
+    "read_converted",
     "save_converted",
     "softmax_to_v1_state",
     "softmax_to_v2_state",
@@ -321,7 +330,7 @@ def convert_timm_vit(
     """
     from timm.layers import Attention as TimmAttention
 
-    from .models.vit import TimmDiffAttention, TimmDiffAttentionV2
+    from ..models.vit import TimmDiffAttention, TimmDiffAttentionV2
 
     _check_kind(attn)
     model = model if inplace else copy.deepcopy(model)
@@ -402,7 +411,7 @@ class OpenClipDiffAttention(_MhaCall, DiffAttention):
     for an even source head count and half-width heads for an odd one."""
 
     def _build(self, dim: int, num_heads: int, **kwargs: Any) -> None:
-        from .layers import diff_heads_for_baseline
+        from ..layers import diff_heads_for_baseline
 
         head_dim = None if num_heads % 2 == 0 else dim // (2 * num_heads)
         h, hkv, d = diff_heads_for_baseline(dim, num_heads, head_dim=head_dim)
@@ -466,7 +475,7 @@ def convert_lm(
     ``"diff_v2"`` computes the same logits (grouped-query heads kept); ``"diff"`` needs even head and
     key/value head counts, fixes ``lambda_init`` and calibrates on the token batch ``calibration``.
     """
-    from .models.lm import CausalLM
+    from ..models.lm import CausalLM
 
     _check_kind(attn)
     if not isinstance(model, CausalLM) or model.config.attn != "softmax":
@@ -497,8 +506,8 @@ def from_hf_llama(hf_model: nn.Module) -> nn.Module:
 
     Convert the result with :func:`convert_lm`.
     """
-    from .models.hf_difflama import config_from_hf
-    from .models.lm import CausalLM
+    from ..models.lm import CausalLM
+    from .hf_difflama import config_from_hf
 
     if getattr(hf_model.config, "mlp_bias", False):
         raise ValueError("mlp_bias=True: diffzoo's SwiGLU has no biases")
@@ -560,9 +569,6 @@ def unilm_state_dict_to_diffzoo(state_dict: dict[str, Tensor], head_dim: int) ->
 # -- saved conversions -----------------------------------------------------------------------------
 def save_converted(model: nn.Module, folder: str | Any, meta: dict[str, Any]) -> None:
     """Write ``model.safetensors`` (the state dict) and ``convert.json`` (``meta``: how to rebuild) to ``folder``."""
-    import json
-    from pathlib import Path
-
     from safetensors.torch import save_file
 
     out = Path(folder)
@@ -572,21 +578,47 @@ def save_converted(model: nn.Module, folder: str | Any, meta: dict[str, Any]) ->
     (out / "convert.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def load_converted(folder: str | Any) -> nn.Module:
-    """Rebuild a model written by :func:`save_converted` (``python -m recipes.convert``) and load its weights
-    (``attn`` ``"softmax"``: the source model, written unchanged by ``--attn softmax``)."""
-    import json
-    from pathlib import Path
+def read_converted(folder: str | Path, what: str = "") -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``(convert.json's content, the weights)`` of a folder written by :func:`save_converted`.
 
-    from .checkpoint_io import read_weights
+    ``what``: how the error messages name the folder (e.g. ``"--model.init_from"``).
+
+    Raises:
+        FileNotFoundError / ValueError: one line naming the folder and what to change.
+    """
+    from .io import read_weights
 
     folder = Path(folder)
-    meta = json.loads((folder / "convert.json").read_text())
+    label = f"{what} {folder}" if what else str(folder)
+    meta_path, weights_path = folder / "convert.json", folder / "model.safetensors"
+    for p in (meta_path, weights_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"{label}: {p.name} is missing; write the folder with python -m recipes.convert --out")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{label}: convert.json is not valid JSON ({e.msg})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{label}: convert.json is not a JSON object; write the folder with python -m recipes.convert")
+    return meta, read_weights(weights_path, what=what or str(folder))
+
+
+def _set_lambda_init(model: nn.Module, meta: dict[str, Any]) -> None:
+    """Differential V1 layers get the ``lambda_init`` the conversion fixed (it is not a weight)."""
+    if meta.get("lambda_init") is not None:
+        for m in model.modules():
+            if isinstance(m, DiffAttention):
+                m.lambda_init = float(meta["lambda_init"])
+
+
+def build_converted(meta: dict[str, Any], folder: str | Path = "") -> nn.Module:
+    """The architecture ``convert.json``'s content ``meta`` describes, with fresh weights (see
+    :func:`load_converted`)."""
     build, attn = meta["build"], meta["attn"]
     if meta["family"] == "timm":
         import timm
 
-        from . import models  # noqa: F401  (registers diffzoo's softvit_* with timm)
+        from .. import models  # noqa: F401  (registers diffzoo's softvit_* with timm)
 
         model = timm.create_model(build["model"], **build["kwargs"])
         if attn != "softmax":  # "softmax": the source written unchanged
@@ -594,18 +626,67 @@ def load_converted(folder: str | Any) -> nn.Module:
     elif meta["family"] == "open_clip":
         import open_clip
 
+        from ..models import clip  # noqa: F401  (registers diffzoo's CLIP configs with open_clip)
+
         model = open_clip.create_model(build["model"], pretrained=None, **build["kwargs"])
         if attn != "softmax":
             model = convert_open_clip(model, attn, inplace=True)
     elif meta["family"] == "lm":
-        from .models.lm import CausalLM, LMConfig
+        from ..models.lm import CausalLM, LMConfig
 
         model = CausalLM(LMConfig(**build["config"]))
     else:
         raise ValueError(f"{folder}/convert.json: unknown family {meta['family']!r}")
-    model.load_state_dict(read_weights(folder / "model.safetensors", what=str(folder)), strict=True)
-    if meta.get("lambda_init") is not None:
-        for m in model.modules():
-            if isinstance(m, DiffAttention):
-                m.lambda_init = float(meta["lambda_init"])
+    return model
+
+
+def load_converted(folder: str | Any, what: str = "", family: str | None = None, name: str | None = None) -> nn.Module:
+    """Rebuild a model written by :func:`save_converted` (``python -m recipes.convert``) and load its weights
+    (``attn`` ``"softmax"``: the source model, written unchanged by ``--attn softmax``).
+
+    ``family`` / ``name``: refuse (one line, naming ``what``) a folder converted from another model family
+    (``"timm"``, ``"open_clip"``, ``"lm"``) or another source model name.
+    """
+    folder = Path(folder)
+    meta, state = read_converted(folder, what)
+    label = f"{what} {folder}" if what else str(folder)
+    if family is not None and meta.get("family") != family:
+        raise ValueError(f"{label} holds a converted {meta.get('family')} model; convert a {family} model "
+                         f"(python -m recipes.convert --from {family}:NAME)")
+    source = (meta.get("build") or {}).get("model")
+    if name is not None and source != name:
+        raise ValueError(f"{label} was converted from {source!r}, not {name!r}: name the source model ({source})")
+    model = build_converted(meta, folder)
+    model.load_state_dict(state, strict=True)
+    _set_lambda_init(model, meta)
     return model.eval()
+
+
+def load_init_from(model: nn.Module, path: str | Path) -> dict[str, Any]:
+    """Load the converted weights in the folder ``path`` into ``model``; returns ``convert.json``'s content.
+
+    A task builds its model as usual and starts it from the converted weights (``--model.init_from``), so
+    the model must have the converted architecture (e.g. ``diffvit_nano_patch7_28`` with ``attn: diff_v2``
+    for weights converted from ``softvit_nano_patch7_28``); the weights are loaded strictly.
+    Differential V1 layers get the ``lambda_init`` the conversion fixed (it is not a weight).
+
+    Raises:
+        FileNotFoundError / ValueError: one line naming the folder and what to change.
+    """
+    from .io import compare_state
+
+    folder = Path(path)
+    meta, state = read_converted(folder, what="--model.init_from")
+    missing, unexpected, bad = compare_state(model, state)
+    hint = meta.get("rebuild_hint", "the architecture the weights were converted to")
+    if missing or unexpected:
+        raise ValueError(
+            f"--model.init_from {folder}: the weights do not fit this model ({len(missing)} missing, e.g. "
+            f"{missing[:2]}; {len(unexpected)} unexpected, e.g. {unexpected[:2]}); build {hint}"
+        )
+    if bad:
+        raise ValueError(f"--model.init_from {folder}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
+                         f"the model's is {tuple(model.state_dict()[bad[0]].shape)}; build {hint}")
+    model.load_state_dict(state, strict=True)
+    _set_lambda_init(model, meta)
+    return meta

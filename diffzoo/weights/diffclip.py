@@ -26,7 +26,7 @@ heads and pairs maps ``(2i, 2i+1)`` as (A1, A2) of differential head ``i``; v is
 the same value layout, so projection rows are copied unpermuted. Its per-head RMSNorm (eps 1e-5) is
 diffzoo's ``sub_norm``; its LayerNorms use eps 1e-5, as diffzoo's CLIP configs.
 
-    from diffzoo.models.clip_convert import load_diffclip_checkpoint
+    from diffzoo.weights import load_diffclip_checkpoint
     model = load_diffclip_checkpoint("diffclip_cc12m.pt")          # DiffCLIP-ViT-B-16
 """
 
@@ -41,7 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["convert_diffclip_state_dict", "load_diffclip_checkpoint", "unwrap_state_dict"]
+from .io import compare_state, read_weights, unwrap_state_dict
+
+__all__ = ["convert_diffclip_state_dict", "load_diffclip_checkpoint", "load_diffclip_state"]
 
 log = logging.getLogger(__name__)
 
@@ -77,37 +79,6 @@ _RULES: list[tuple[re.Pattern, str]] = [
     ]
 ]
 _FUSED = re.compile(r"^(visual\.blocks|transformer\.resblocks)\.(\d+)\.attn\.in_proj_(weight|bias)$")
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel, torch.compile
-
-
-def unwrap_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, Tensor]:
-    """The model state_dict inside a training checkpoint.
-
-    Follows ``"state_dict"`` / ``"model"`` / ``"module"`` entries that hold dicts and strips the prefixes
-    ``module.`` (DistributedDataParallel) and ``_orig_mod.`` (``torch.compile``) when every key has them.
-    """
-    sd: Any = checkpoint
-    while isinstance(sd, Mapping):
-        inner = next((sd[k] for k in ("state_dict", "model", "module") if isinstance(sd.get(k), Mapping)), None)
-        if inner is None:
-            break
-        sd = inner
-    if not isinstance(sd, Mapping) or not sd:
-        raise ValueError(
-            "the checkpoint holds no state_dict (expected a dict of tensors, or one under 'state_dict'/'model')"
-        )
-    sd = dict(sd)
-    stripped = True
-    while stripped:
-        stripped = False
-        for prefix in _WRAPPER_PREFIXES:
-            if all(k.startswith(prefix) for k in sd):
-                sd = {k[len(prefix):]: v for k, v in sd.items()}
-                stripped = True
-    not_tensors = sorted(k for k, v in sd.items() if not isinstance(v, Tensor))
-    if not_tensors:
-        raise ValueError(f"the state_dict has entries that are not tensors: {not_tensors[:10]}")
-    return sd
 
 
 def convert_diffclip_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -150,24 +121,19 @@ def convert_diffclip_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, T
 
 
 def _load_file(path: Path, map_location: Any) -> Mapping[str, Any]:
-    from ..checkpoint_io import read_weights
-
     return read_weights(path, map_location=map_location)  # tensors and plain values only; anything else refused
 
 
-def load_converted(model: nn.Module, converted: Mapping[str, Tensor], strict: bool = True) -> tuple[list[str], list[str]]:
+def load_diffclip_state(model: nn.Module, converted: Mapping[str, Tensor], strict: bool = True) -> tuple[list[str], list[str]]:
     """Copy converted tensors into ``model``; raise a ``ValueError`` naming every problem.
 
     Shape mismatches always raise; missing and unexpected keys raise when ``strict`` (else they are
     logged and returned as ``(missing, unexpected)``).
     """
     own = model.state_dict()
-    mismatched = [
-        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in converted.items() if k in own and tuple(v.shape) != tuple(own[k].shape)
-    ]
-    missing = sorted(set(own) - set(converted))
-    unexpected = sorted(set(converted) - set(own))
+    missing, unexpected, wrong = compare_state(model, converted)
+    mismatched = [f"{k}: checkpoint {tuple(converted[k].shape)} vs model {tuple(own[k].shape)}" for k in wrong]
+    missing, unexpected = sorted(missing), sorted(unexpected)
     problems = []
     if mismatched:
         problems.append(f"shape mismatches ({len(mismatched)}): {mismatched}")
@@ -214,8 +180,8 @@ def load_diffclip_checkpoint(
         raise FileNotFoundError(f"no checkpoint at {path}")
     converted = convert_diffclip_state_dict(_load_file(path, map_location))
     if model is None:
-        from .clip import create_clip
+        from ..models.clip import create_clip
 
         model = create_clip(model_name, **overrides)
-    load_converted(model, converted, strict=strict)
+    load_diffclip_state(model, converted, strict=strict)
     return model.eval()

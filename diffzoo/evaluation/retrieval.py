@@ -13,14 +13,17 @@ queried needle's value in the context and ``Nz`` the distractor text.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..analysis.maps import answer_share, effective_map, record_attention
-from ..data.needles import Tokenizer, make_needle_sample, needle_masks
 from .metrics import finite_rows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..data.needles import Tokenizer
 
 __all__ = ["attention_scores", "evaluate_retrieval"]
 
@@ -73,6 +76,9 @@ def evaluate_retrieval(
     Returns:
         one dict per cell: ``length, needles, depth, n, correct, accuracy, score_answer, score_noise``.
     """
+    # diffzoo.data's package imports its Lightning DataModules: imported here, when contexts are built
+    from ..data.needles import make_needle_sample, needle_masks
+
     model.eval()
     device = next(model.parameters()).device
     rows = []

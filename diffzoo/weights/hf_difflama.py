@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .lm import CausalLM, LMConfig
+from ..models.lm import CausalLM, LMConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import DiffLlamaConfig, DiffLlamaForCausalLM

@@ -1,8 +1,9 @@
-"""Export trained classifiers as safetensors and reload them through timm.
+"""Export trained models as safetensors and reload them: classifiers through timm, language models as
+:class:`~diffzoo.models.lm.CausalLM`.
 
-The safetensors header carries the timm model name and the constructor arguments, so::
+The safetensors header carries the model name and the constructor arguments, so::
 
-    from diffzoo.tasks import load_exported
+    from diffzoo.weights import load_exported
     model = load_exported("outputs/vit_imagenet/version_0/model.safetensors")
 
 is the same as::
@@ -12,11 +13,15 @@ is the same as::
                               pretrained_cfg_overlay=dict(file="outputs/.../model.safetensors", num_classes=10))
 
 (``num_classes`` belongs in the overlay too: timm discards a saved classifier whose size differs from
-the pretrained config's.)
+the pretrained config's.) :func:`load_lm` rebuilds a language model exported by :func:`export_lm`.
+
+The exporters take a trained task (any module with ``model`` and ``hparams``; a LightningModule is one)
+and import nothing of Lightning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -24,7 +29,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..checkpoint_io import load_torch_file
+from ..models.lm import LM_PRESETS, LM_RENAMED, CausalLM, LMConfig, preset_args
+from .io import load_torch_file, read_weights, submodule_state
+
+__all__ = ["export_checkpoint", "export_lm", "export_module", "load_exported", "load_lm", "load_tied", "read_metadata",
+           "safetensors_metadata", "save_safetensors"]
 
 PathLike = str | os.PathLike
 
@@ -48,11 +57,6 @@ def save_safetensors(
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     save_file(tensors, str(path), metadata={"model": model_name, "model_args": json.dumps(model_args)})
     return path
-
-
-def submodule_state(state_dict: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The entries of ``state_dict`` under ``prefix`` (e.g. ``"model."``), with the prefix removed."""
-    return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
 
 
 def load_tied(module: nn.Module, state: dict[str, Tensor]) -> tuple[list[str], list[str]]:
@@ -95,7 +99,7 @@ def export_checkpoint(checkpoint: PathLike, path: PathLike | None = None, use_em
     if "model" not in hparams or not isinstance(ckpt.get("state_dict"), dict):
         raise ValueError(f"{checkpoint} was not written by diffzoo.tasks.ImageClassificationTask (no 'model' hparam)")
     prefix = "ema.module." if use_ema else "model."
-    state = {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    state = submodule_state(ckpt["state_dict"], prefix)
     if not state:
         raise ValueError(f"{checkpoint} holds no weights under {prefix!r}" + (" (trained without EMA?)" if use_ema else ""))
     path = Path(path) if path is not None else checkpoint.with_suffix(".safetensors")
@@ -137,7 +141,7 @@ def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
     """
     import timm
 
-    import diffzoo.models  # noqa: F401
+    from .. import models  # noqa: F401  (registers diffvit_* / softvit_* / the speech models with timm)
 
     name, args = read_metadata(path)
     stored_classes = args.get("num_classes")
@@ -147,3 +151,39 @@ def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
     if stored_classes is not None:
         overlay["num_classes"] = stored_classes
     return timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **args)
+
+
+def export_lm(task: nn.Module, path: Any, state_dict: dict[str, Tensor] | None = None) -> Path:
+    """Write the model's weights to safetensors (a tied output weight is stored once, as the embedding).
+
+    ``task``: a :class:`~diffzoo.tasks.lm.LanguageModelTask` (its ``model``, ``config`` and ``hparams``).
+    ``state_dict``: the task's full state dict when its parameters are sharded (see :func:`export_module`).
+    """
+    sd = submodule_state(state_dict, "model.") if state_dict is not None else task.model.state_dict()
+    if task.config.tie_embeddings:
+        sd.pop("output.weight")
+    args = preset_args(task.hparams["model"], **(task.hparams.get("model_kwargs") or {}))
+    args.update(attn=task.hparams["attn"], vocab_size=task.hparams["vocab_size"])
+    return save_safetensors(sd, path, task.hparams["model"], args)
+
+
+def load_lm(path: Any) -> CausalLM:
+    """Rebuild a :class:`CausalLM` from a file written by :func:`export_lm`.
+
+    Raises ``ValueError`` (one line) for a file that is not such an export: not safetensors, no diffzoo
+    metadata, or the weights of another model family (e.g. a ViT export).
+    """
+    meta = safetensors_metadata(path)
+    if "model" not in meta or "model_args" not in meta:
+        raise ValueError(f"{path} has no diffzoo metadata (model, model_args); load_lm reads the model.safetensors "
+                         "that python -m recipes.lm (export_lm) writes")
+    name, args = read_metadata(path)
+    fields = {f.name for f in dataclasses.fields(LMConfig)} | set(LM_RENAMED)  # older exports use the former names
+    if name not in LM_PRESETS or not set(args) <= fields:
+        raise ValueError(
+            f"{path} holds a {name!r} model, not a diffzoo language model; pass a model.safetensors written by "
+            f"python -m recipes.lm (presets: {', '.join(sorted(LM_PRESETS))})"
+        )
+    model = CausalLM(LMConfig(**args))
+    model.load_state_dict(read_weights(path), strict=not model.config.tie_embeddings)
+    return model
