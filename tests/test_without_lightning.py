@@ -26,6 +26,7 @@ SCRIPT = """
 import json
 from pathlib import Path
 
+import numpy as np
 import timm
 import torch
 
@@ -67,6 +68,17 @@ recall = pair_retrieval(*encode_pairs(model, [(images, tokenizer(["a red square.
 checks["zero_shot"] = scores["n"] == 6 and 0.0 <= scores["top1"] <= scores["top2"] <= 1.0
 checks["retrieval"] = 0.0 <= recall["mean_recall"] <= 1.0
 
+# needle retrieval of the LM (byte tokens, as the LM recipes use)
+class Bytes:
+    def encode(self, text):
+        return list(text.encode("utf-8"))
+
+from diffzoo.evaluation import evaluate_retrieval
+distractor = np.frombuffer(("the quick brown fox jumps over the lazy dog. " * 40).encode(), dtype=np.uint8)
+lm_bytes = CausalLM.from_preset("lm_tiny", attn="softmax", vocab_size=256).eval()
+cells = evaluate_retrieval(lm_bytes, distractor, Bytes(), lengths=(96,), needle_counts=(1,), depths=(0.5,), samples=2)
+checks["needle_retrieval"] = len(cells) == 1 and 0.0 <= cells[0]["accuracy"] <= 1.0
+
 checks["training_libraries_loaded"] = sorted(
     name for name, module in sys.modules.items() if module is not None and name.split(".")[0] in BLOCKED
 )
@@ -86,7 +98,7 @@ def test_load_export_convert_and_zero_shot_without_lightning(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     checks = json.loads(done.stdout.strip().splitlines()[-1])
     assert checks == {"vit": True, "lm": True, "converted": True, "zero_shot": True, "retrieval": True,
-                      "training_libraries_loaded": []}
+                      "needle_retrieval": True, "training_libraries_loaded": []}
 
 
 def test_the_block_is_real() -> None:
