@@ -72,8 +72,8 @@ def _layer_settings(model: torch.nn.Module, name: str) -> None:
 # -- ViT: build, script, export, reload --------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_vit_variant_builds_scripts_exports_and_reloads(name: str, tmp_path: Path) -> None:
-    from diffzoo.weights import load_exported
     from diffzoo.tasks.cluttered import VariantImageTask, VariantRunSummary
+    from diffzoo.weights import load_exported
 
     torch.manual_seed(0)
     task = VariantImageTask(attn=name, patch_size=8, img_size=32)
@@ -135,8 +135,8 @@ def test_former_variant_exports_reload(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_lm_and_mqar_variant_builds_exports_and_reloads(name: str, tmp_path: Path) -> None:
     from diffzoo.tasks.lm import LanguageModelTask
-    from diffzoo.weights import export_lm, load_lm
     from diffzoo.tasks.mqar import MQARRunSummary, MQARTask
+    from diffzoo.weights import export_lm, load_lm
 
     torch.manual_seed(0)
     tokens = torch.randint(0, 40, (2, 9))
@@ -154,9 +154,8 @@ def test_lm_and_mqar_variant_builds_exports_and_reloads(name: str, tmp_path: Pat
 # -- speech --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_speech_variant_builds_exports_and_reloads(name: str, tmp_path: Path) -> None:
-    from diffzoo.weights import load_exported
-    from diffzoo.weights import export_module
     from diffzoo.tasks.speech import SpeechClassificationTask
+    from diffzoo.weights import export_module, load_exported
 
     torch.manual_seed(0)
     task = SpeechClassificationTask(model="softkwt_nano", attn=name)
@@ -226,8 +225,8 @@ def test_every_recipe_refuses_an_unknown_attn_in_one_line(recipe: str, tmp_path:
 # -- converters ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["diff_nonorm", "diff_const"])
 def test_conversion_to_a_v1_variant_reloads_and_starts_a_task(name: str, tmp_path: Path) -> None:
-    from diffzoo.weights import convert as cv
     from diffzoo.tasks.lm import LanguageModelTask
+    from diffzoo.weights import convert as cv
     from recipes.convert import main
 
     meta = main(["--from", "diffzoo:lm_tiny", "--attn", name, "--out", str(tmp_path / "c")])
