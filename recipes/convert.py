@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from diffzoo.weights.convert import ATTN_KINDS
 from recipes._cli import one_line_errors
 
 
@@ -100,8 +101,9 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
     if not isinstance(kwargs, dict):
         raise ValueError(f"--model-kwargs {args.model_kwargs!r} must be a JSON object")
     torch.manual_seed(args.seed)
+    spec = None if args.attn == "softmax" else cv.conversion_spec(args.attn, args.lambda_init)
     meta: dict[str, Any] = {"format": "diffzoo.convert", "version": 1, "source": args.source, "attn": args.attn,
-                            "lambda_init": args.lambda_init if args.attn == "diff" else None}
+                            "lambda_init": spec.lambda_init if spec is not None else None}
     if args.weights and family == "hf":
         raise ValueError("--weights does not apply to hf: sources; the folder holds the weights")
     lm_source = family == "diffzoo" and (name == "lm" or name.startswith("lm_"))
@@ -134,7 +136,7 @@ def convert(args: argparse.Namespace) -> dict[str, Any]:
             meta["rebuild_hint"] = f"--model.model {name}" if diff_name else f"{name} (diffzoo.weights.load_converted)"
         else:
             meta["rebuild_hint"] = (
-                f"--model.model {diff_name} --model.model_kwargs '{{attn: {args.attn}}}'" if diff_name
+                f"--model.model {diff_name} --model.attn {args.attn}" if diff_name
                 else f"{name} with its attention converted (diffzoo.weights.load_converted)"
             )
     elif family == "open_clip":
@@ -199,12 +201,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--weights", help="local weight file of the source (safetensors or a weights-only torch file)")
     p.add_argument("--pretrained", nargs="?", const=True, default=False,
                    help="use timm's / open_clip's locally cached pretrained weights (open_clip: the TAG)")
-    p.add_argument("--attn", default="diff_v2", choices=["diff_v2", "diff", "softmax"],
-                   help="diff_v2 (exact), diff (V1, calibrated start) or softmax (the source unchanged)")
+    p.add_argument("--attn", default="diff_v2", choices=[*ATTN_KINDS, "softmax"],
+                   help="diff_v2 (exact), diff / diff_nonorm / diff_const (V1, calibrated start) or softmax "
+                        "(the source unchanged)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the model.safetensors and convert.json that --out already holds")
-    p.add_argument("--lambda-init", type=float, default=0.0, help="constant lambda_init of --attn diff")
+    p.add_argument("--lambda-init", type=float, default=None,
+                   help="constant lambda_init of a V1 --attn (default: diff_const's 0.8, else 0.0)")
     p.add_argument("--calib-batch", type=int, default=8, help="random calibration/check batch size")
     p.add_argument("--model-kwargs", help="JSON object of extra model arguments, e.g. '{\"img_size\": 32}'")
     p.add_argument("--seed", type=int, default=0)

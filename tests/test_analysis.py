@@ -58,7 +58,46 @@ def lm(attn: str = "diff") -> CausalLM:
 def assert_unpatched(model: nn.Module) -> None:
     for m in model.modules():
         assert "_attend" not in m.__dict__ and "forward" not in m.__dict__
-        assert not m._forward_hooks
+        assert not m._forward_hooks and not m._forward_pre_hooks
+        assert not getattr(m, "_attend_hooks", None) and not any(k.startswith("_diffzoo") for k in m.__dict__)
+        if type(m) is TimmAttention:
+            assert m.fused_attn == timm.layers.use_fused_attn()
+
+
+def test_attend_hook_is_public_and_removable():
+    """A hook sees q, k, v and may call the step again; timm's own Attention takes the same hook."""
+    from diffzoo.hosts.timm import register_attend_hook
+
+    for model in (vit("diff"), vit("soft")):
+        x = torch.randn(2, 1, 28, 28)
+        expected = model(x)
+        seen = []
+
+        def hook(module, inner, x, q, k, v, masks, return_attn, backend, seen=seen):
+            out, maps = inner(x, q, k, v, masks, True, backend)
+            seen.append((tuple(q.shape), sorted(maps)))
+            return out, (maps if return_attn else None)
+
+        attn = model.blocks[1].attn
+        handle = register_attend_hook(attn, hook)
+        assert torch.allclose(model(x), expected, atol=1e-5)
+        assert seen == [((2, 4, 17, 24), ["attn1", "attn2", "lambda"] if isinstance(attn, DiffAttention) else ["attn"])]
+        handle.remove()
+        model(x)
+        assert len(seen) == 1
+        assert_unpatched(model)
+
+
+def test_timm_attention_without_an_sdpa_call_is_refused():
+    """A timm forward that no longer makes the call the hook replaces raises instead of going unobserved."""
+    model = vit("soft")
+    attn = model.blocks[0].attn
+    attn.forward = lambda x, attn_mask=None, is_causal=False: x
+    with pytest.raises(RuntimeError, match="made no F.scaled_dot_product_attention call"):
+        with record_attention(model):
+            model(torch.randn(1, 1, 28, 28))
+    del attn.forward
+    assert_unpatched(model)
 
 
 # -- scores on hand-built maps --------------------------------------------------------------------

@@ -253,7 +253,7 @@ def test_config_errors() -> None:
         C.create_clip("DiffCLIP-nano", vision_cfg={"attentional_pool": True}, device="meta")
     with pytest.raises(ValueError, match="proj_bias"):
         C.create_clip("DiffCLIP-nano", text_cfg={"proj_bias": True}, device="meta")
-    with pytest.raises(ValueError, match="diffzoo.attn='flash'"):
+    with pytest.raises(ValueError, match="diffzoo.attn: unknown attention variant 'flash'"):
         C.create_clip("DiffCLIP-nano", text_cfg={"diffzoo": {"attn": "flash"}}, device="meta")
     with pytest.raises(ValueError, match="unknown diffzoo tower fields.*lamda_init"):
         C.create_clip("DiffCLIP-nano", vision_cfg={"diffzoo": {"lamda_init": 0.5}}, device="meta")

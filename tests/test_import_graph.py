@@ -25,12 +25,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "diffzoo"
 ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "layers": {"kernels"},
-    "models": {"kernels", "layers"},
-    "analysis": {"kernels", "layers", "data"},
+    "hosts": {"kernels", "layers"},
+    "models": {"kernels", "layers", "hosts"},
+    "analysis": {"kernels", "layers", "hosts", "data"},
     "data": set(),
-    "weights": {"kernels", "layers", "models"},
+    "weights": {"kernels", "layers", "hosts", "models"},
     "evaluation": {"kernels", "layers", "data", "analysis"},
-    "tasks": {"kernels", "layers", "models", "data", "analysis", "weights", "evaluation"},
+    "tasks": {"kernels", "layers", "hosts", "models", "data", "analysis", "weights", "evaluation"},
     "study": {"layers", "tasks"},
 }
 

@@ -91,7 +91,7 @@ def test_bad_head_counts():
         DiffAttention(60, 4)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         Attention(64, 4, 3)
-    with pytest.raises(ValueError, match="unknown attention kind"):
+    with pytest.raises(ValueError, match="unknown attention variant .linear.; choose one of softmax"):
         build_attention("linear", 64, 4)
 
 

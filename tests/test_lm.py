@@ -71,7 +71,7 @@ def test_matched_softmax_baseline(preset: str) -> None:
 
 
 def test_config_errors() -> None:
-    with pytest.raises(ValueError, match="attn="):
+    with pytest.raises(ValueError, match="unknown attention variant .linear."):
         LMConfig(attn="linear")
     with pytest.raises(ValueError, match="even"):
         LMConfig(dim=96, num_heads=3, attn="diff")

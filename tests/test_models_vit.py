@@ -163,7 +163,9 @@ def test_timm_vit_options_apply_to_the_differential_attention() -> None:
         timm.create_model("diffvit_nano_patch7_28", qk_norm=True)
     with pytest.raises(ValueError, match="head_dim is derived"):
         timm.create_model("diffvit_nano_patch7_28", head_dim=8)
-    with pytest.raises(ValueError, match="softmax baseline is timm's own"):
+    with pytest.raises(ValueError, match="lambda_init=0.8 applies to differential V1 only, not to attn='softmax'"):
         timm.create_model("softvit_nano_patch7_28", lambda_init=0.8)
+    with pytest.raises(ValueError, match="softmax baseline is timm's own"):
+        timm.create_model("softvit_nano_patch7_28", backend="sdpa")
     v2 = timm.create_model("diffvit_nano_patch7_28", attn="diff_v2").eval()
     assert type(v2.blocks[0].attn).__name__ == "TimmDiffAttentionV2" and v2(torch.randn(2, 1, 28, 28)).shape == (2, 10)

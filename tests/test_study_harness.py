@@ -113,7 +113,7 @@ def test_vit_variants_through_timm_names():
     kw = dict(img_size=32, patch_size=8, in_chans=1, num_classes=10)
     soft = _count(build_vit("softmax", **kw))
     name, args = vit_create_args("diff_v2_matched", **kw)
-    assert name == "diffvit_nano_patch7_28" and args["attn"] == "diff_v2"
+    assert name == "diffvit_nano_patch7_28" and args["attn"] == "diff_v2_matched"
     matched = build_vit("diff_v2_matched", **kw)
     assert abs(_count(matched) - soft) <= 4 * (2 * 96 + 1)  # within one MLP unit per block
     assert build_vit("softmax_wide", **kw).blocks[0].attn.num_heads == 2

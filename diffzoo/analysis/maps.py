@@ -35,7 +35,7 @@ import torch
 from timm.layers import Attention as TimmAttention
 from torch import Tensor, nn
 
-from ..kernels import attention, attention_maps
+from ..hosts.timm import register_attend_hook
 from ..layers import Attention, AttentionBase, DiffAttention, DiffAttentionV2
 
 __all__ = [
@@ -67,63 +67,30 @@ MapsLike = Union["AttentionRecord", Sequence["LayerAttention"], Sequence[dict], 
 
 
 # -- timm's own attention (the softmax ViT baselines) -------------------------------------------
-def _timm_attend(module: nn.Module, x: Tensor, q: Tensor, k: Tensor, v: Tensor, masks: dict, return_attn: bool,
-                 backend: str | None) -> tuple[Tensor, dict[str, Tensor] | None]:
-    """The ``_attend`` of a timm ``Attention``: softmax attention through diffzoo's kernels (same math)."""
-    p = module.attn_drop.p if module.training else 0.0
-    out = attention(q, k, v, dropout_p=p, scale=module.scale, backend=backend, **masks)
-    return out, ({"attn": attention_maps(q, k, scale=module.scale, **masks)} if return_attn else None)
-
-
-def _timm_forward(module: nn.Module) -> Callable[..., Tensor]:
-    """timm ``Attention.forward`` with its attention call routed through ``module._attend``."""
-
-    def forward(x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        B, N, _ = x.shape
-        gate = module.gate(x).sigmoid() if module.gate is not None else None
-        qkv = module.qkv(x).reshape(B, N, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        q, k = module.q_norm(q), module.k_norm(k)
-        masks = dict(attn_mask=attn_mask, key_padding_mask=None, causal=is_causal)
-        out, _ = module._attend(x, q, k, v, masks, False, None)
-        out = module.norm(out.transpose(1, 2).reshape(B, N, module.attn_dim))
-        if gate is not None:
-            out = out * gate
-        return module.proj_drop(module.proj(out))
-
-    return forward
+def _pass_on(module: nn.Module, inner: Callable, *args: Any) -> Any:
+    return inner(*args)
 
 
 @contextlib.contextmanager
 def timm_attention_seam(model: nn.Module | Sequence[nn.Module]) -> Iterator[None]:
-    """Give every timm ``Attention`` of ``model`` (or of a list of layers) diffzoo's ``_attend`` seam
+    """Make every timm ``Attention`` of ``model`` (or of a list of layers) attend through :mod:`diffzoo.kernels`
     while the context is open.
 
-    Inside, such a layer computes its q, k, v as timm does and attends through :mod:`diffzoo.kernels`
-    (the ``sdpa`` backend makes timm's own ``F.scaled_dot_product_attention`` call), so recorders and
-    backends (:func:`record_attention`, ``record_outliers``, ``low_bit_attention``) treat it like a
-    diffzoo layer. Nested contexts share one seam; the layers are restored on exit.
+    Inside, such a layer runs timm's own ``forward``; its attention call goes through diffzoo's kernels (the
+    ``sdpa`` backend makes timm's own ``F.scaled_dot_product_attention`` call), so backends such as
+    :func:`~diffzoo.analysis.low_bit_attention` apply to it, and recorders see it through the attend hook
+    (:func:`diffzoo.hosts.timm.register_attend_hook`). The layers are restored on exit.
     """
     layers = model.modules() if isinstance(model, nn.Module) else model
-    mods = [m for m in layers if type(m) is TimmAttention]
-    installed = []
+    handles = []
     try:
-        for m in mods:
-            depth = m.__dict__.get("_diffzoo_seam", 0)
-            if depth == 0:
-                m.__dict__["forward"] = _timm_forward(m)
-                m.__dict__["_attend"] = lambda *a, _m=m: _timm_attend(_m, *a)
-            m.__dict__["_diffzoo_seam"] = depth + 1
-            installed.append(m)
+        for m in layers:
+            if type(m) is TimmAttention:
+                handles.append(register_attend_hook(m, _pass_on))
         yield
     finally:
-        for m in reversed(installed):
-            depth = m.__dict__["_diffzoo_seam"] - 1
-            if depth == 0:
-                for key in ("forward", "_attend", "_diffzoo_seam"):
-                    m.__dict__.pop(key, None)
-            else:
-                m.__dict__["_diffzoo_seam"] = depth
+        for h in reversed(handles):
+            h.remove()
 
 
 def _attention_dropout(module: nn.Module) -> float:
@@ -168,27 +135,20 @@ def attention_layers(model: nn.Module, layers: LayerSelection = None) -> list[tu
 def _wrap_attend(
     modules: Sequence[tuple[int, str, AttentionBase]], make: Callable[[int, str, AttentionBase, Callable], Callable]
 ) -> Iterator[None]:
-    """Replace ``module._attend`` by ``make(index, name, module, inner)`` on each instance; always restored.
-
-    The wrapper is an instance attribute shadowing the class method, so nested recorders stack and
-    unwind in order, and nothing enters the ``state_dict``.
-    """
-    saved: list[tuple[AttentionBase, bool, Any]] = []
-    seam = timm_attention_seam([m for _, _, m in modules])
-    seam.__enter__()  # timm layers get an ``_attend`` to wrap; left after the wrappers are removed
+    """Run ``make(index, name, module, inner)(x, q, k, v, masks, return_attn, backend)`` as each layer's attend
+    step, through the public attend hook (:meth:`diffzoo.layers.AttentionBase.register_attend_hook`, for timm's
+    ``Attention`` :func:`diffzoo.hosts.timm.register_attend_hook`); the hooks are removed on exit."""
+    handles = []
     try:
         for index, name, module in modules:
-            had = "_attend" in module.__dict__
-            saved.append((module, had, module.__dict__.get("_attend")))
-            module.__dict__["_attend"] = make(index, name, module, module._attend)
+            def hook(m: nn.Module, inner: Callable, *args: Any, _index: int = index, _name: str = name) -> Any:
+                return make(_index, _name, m, inner)(*args)
+
+            handles.append(register_attend_hook(module, hook))
         yield
     finally:
-        for module, had, previous in reversed(saved):
-            if had:
-                module.__dict__["_attend"] = previous
-            else:
-                module.__dict__.pop("_attend", None)
-        seam.__exit__(None, None, None)
+        for h in reversed(handles):
+            h.remove()
 
 
 def _layer_kind(module: nn.Module, maps: dict) -> str:

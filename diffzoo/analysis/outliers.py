@@ -112,7 +112,7 @@ def record_outliers(
 ) -> Iterator[OutlierRecord]:
     """Measure logit and hidden-state outliers while the model runs; its outputs are unchanged.
 
-    Each selected attention layer's ``_attend`` is wrapped (instance attribute) to see ``q`` and ``k``;
+    Each selected attention layer gets an attend hook (``register_attend_hook``) that sees ``q`` and ``k``;
     each block gets a forward hook on its output. Both are removed on exit, also after an exception.
 
     Args:

@@ -6,10 +6,14 @@ Every attention in diffzoo (softmax baseline, differential V1 and V2) derives fr
 
 from __future__ import annotations
 
+import functools
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
 from ..kernels import attention, attention_maps
 from ..kernels._masks import check_dropout_p
@@ -19,6 +23,10 @@ from .kv_cache import KVCache
 from .rope import RotaryEmbedding
 
 RopeArg = RotaryEmbedding | bool | None
+
+#: ``hook(module, inner, x, q, k, v, masks, return_attn, backend) -> (out, maps)``, see
+#: :meth:`AttentionBase.register_attend_hook`
+AttendHook = Callable[..., tuple[Tensor, dict[str, Tensor] | None]]
 
 # torch.fx records the kernels as single calls (their input checks and backend choice need real tensors).
 torch.fx.wrap("attention")
@@ -30,7 +38,8 @@ class AttentionBase(nn.Module):
 
     Subclasses set ``q_heads``, ``k_heads``, ``v_heads``, ``head_dim`` (query/key width), ``v_dim`` and
     implement :meth:`_attend`, which maps ``q (B, q_heads, Nq, d)``, ``k (B, k_heads, Nk, d)``,
-    ``v (B, v_heads, Nk, v_dim)`` to ``(B, heads, Nq, width)``.
+    ``v (B, v_heads, Nk, v_dim)`` to ``(B, heads, Nq, width)``. ``forward`` reaches it through
+    :meth:`attend`, which runs the hooks of :meth:`register_attend_hook` around it.
     """
 
     def __init__(
@@ -76,6 +85,37 @@ class AttentionBase(nn.Module):
         if rope is not None and rope.dim != head_dim:
             raise ValueError(f"RotaryEmbedding(dim={rope.dim}) does not match head_dim={head_dim}")
         self.rope = rope
+        self._attend_hooks: OrderedDict[int, AttendHook] = OrderedDict()  # RemovableHandle holds a weakref
+
+    def register_attend_hook(self, hook: AttendHook) -> RemovableHandle:
+        """Run ``hook`` around this layer's attention step; ``handle.remove()`` takes it off again.
+
+        ``hook(module, inner, x, q, k, v, masks, return_attn, backend)`` is called instead of the step and
+        returns what ``inner(x, q, k, v, masks, return_attn, backend)`` returns: ``(out, maps)``, ``out`` of
+        shape ``(B, heads, Nq, width)`` before the output projection, ``maps`` a dict of fp32 attention
+        maps (``{"attn"}`` or ``{"attn1", "attn2", "lambda"}``) when ``return_attn`` is True, else None.
+        ``q (B, q_heads, Nq, d)``, ``k``, ``v`` are head-major, with RoPE applied and the kv-cache appended;
+        ``x`` is the layer's input and ``masks`` the dict of ``attn_mask``, ``key_padding_mask`` and
+        ``causal``. A hook may look at them, call ``inner`` more than once (e.g. with ``return_attn=True``
+        on a slice of the batch) or change the arguments it passes on. Hooks registered later run
+        outside earlier ones. They are not part of the ``state_dict``. :mod:`diffzoo.analysis` records
+        maps, logit outliers and low-bit attention through this hook.
+        """
+        handle = RemovableHandle(self._attend_hooks)
+        self._attend_hooks[handle.id] = hook
+        return handle
+
+    def attend(
+        self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, masks: dict, return_attn: bool = False,
+        backend: str | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor] | None]:
+        """The attention step of ``forward``: :meth:`_attend` with the registered attend hooks around it."""
+        if not self._attend_hooks:
+            return self._attend(x, q, k, v, masks, return_attn, backend)
+        call: Callable[..., tuple[Tensor, dict[str, Tensor] | None]] = self._attend
+        for hook in list(self._attend_hooks.values()):
+            call = functools.partial(hook, self, call)
+        return call(x, q, k, v, masks, return_attn, backend)
 
     def __prepare_scriptable__(self) -> AttentionBase:
         # torch.jit.script calls this on every submodule before compiling: fail here, with the reason,
@@ -175,7 +215,7 @@ class AttentionBase(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
         masks = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, causal=causal)
-        out, maps = self._attend(x, q, k, v, masks, return_attn, backend or self.backend)
+        out, maps = self.attend(x, q, k, v, masks, return_attn, backend or self.backend)
         out = out.transpose(1, 2).reshape(B, N, self.out_proj.in_features)  # (B, N, heads * width)
         out = self.proj_drop(self.out_proj(out))
         if return_attn:

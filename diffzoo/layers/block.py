@@ -15,8 +15,7 @@ from .heads import check_positive_int, resolve_heads
 from .kv_cache import KVCache
 from .mlp import Mlp, SwiGLU
 from .norm import build_norm
-
-AttnKind = Literal["softmax", "diff", "diff_v2"]
+from .spec import AttnKind, AttnSpec, get_spec
 
 
 def diff_heads_for_baseline(
@@ -48,7 +47,7 @@ def diff_heads_for_baseline(
 
 
 def build_attention(
-    kind: AttnKind,
+    kind: AttnKind | str | AttnSpec,
     dim: int,
     num_heads: int,
     num_kv_heads: int | None = None,
@@ -59,28 +58,36 @@ def build_attention(
     sub_norm_eps: float | None = None,
     **kwargs,
 ) -> AttentionBase:
-    """Build one attention layer from the *baseline's* head counts.
+    """Build one attention layer from the *baseline's* head counts and an attention spec.
 
     Args:
-        kind: ``"softmax"``, ``"diff"`` (V1) or ``"diff_v2"``.
-        num_heads, num_kv_heads: head counts of the softmax baseline. ``"diff"`` converts them with
-            :func:`diff_heads_for_baseline`; ``"diff_v2"`` uses them as its output heads.
-        head_dim: differential q/k width (only for ``"diff"``; required when ``num_heads`` is odd).
-        depth, lambda_init: passed to :class:`DiffAttention`.
+        kind: an :class:`~diffzoo.layers.AttnSpec` or its name (``"softmax"``, ``"softmax_wide"``,
+            ``"diff"``, ``"diff_nonorm"``, ``"diff_const"``, ``"diff_v2"``, ``"diff_v2_matched"``; see
+            :mod:`diffzoo.layers.spec`). The attention spec's kind picks the layer, its ``head_scale`` scales the
+            head counts, its lambda rule and ``sub_norm`` configure V1. (``match_params`` concerns the
+            feed-forward: the model families apply it.)
+        num_heads, num_kv_heads: head counts of the softmax baseline. V1 converts them with
+            :func:`diff_heads_for_baseline`; V2 uses them as its output heads.
+        head_dim: differential q/k width (only for V1; required when ``num_heads`` is odd).
+        depth: 0-based block index (V1's ``lambda_init`` by the attention spec's rule).
+        lambda_init: a constant ``lambda_init`` replacing the attention spec's rule (V1 only).
         sub_norm_eps: epsilon of the per-head RMSNorm of ``"diff"`` (default: :class:`DiffAttention`'s
             1e-5); the other kinds have no per-head norm and ignore it.
         kwargs: the remaining :class:`Attention` arguments (biases, causal, rope, dropout, backend).
     """
-    if kind == "softmax":
+    spec = get_spec(kind, lambda_init)
+    if spec.head_scale != 1.0:
+        num_kv_heads = spec.scale_heads(num_heads if num_kv_heads is None else num_kv_heads, "num_kv_heads")
+        num_heads = spec.scale_heads(num_heads)
+    if spec.kind == "softmax":
         return Attention(dim, num_heads, num_kv_heads, **kwargs)
-    if kind == "diff":
+    if spec.kind == "diff":
         h, hkv, d = diff_heads_for_baseline(dim, num_heads, num_kv_heads, head_dim)
         if sub_norm_eps is not None:
             kwargs["norm_eps"] = sub_norm_eps
-        return DiffAttention(dim, h, hkv, d, depth=depth, lambda_init=lambda_init, **kwargs)
-    if kind == "diff_v2":
-        return DiffAttentionV2(dim, num_heads, num_kv_heads, **kwargs)
-    raise ValueError(f"unknown attention kind {kind!r}; expected 'softmax', 'diff' or 'diff_v2'")
+        return DiffAttention(dim, h, hkv, d, depth=depth, lambda_init=spec.lambda_init_at(depth),
+                             sub_norm=spec.sub_norm, **kwargs)
+    return DiffAttentionV2(dim, num_heads, num_kv_heads, **kwargs)
 
 
 class DropPath(nn.Module):
@@ -119,7 +126,8 @@ class Block(nn.Module):
     Args:
         dim: model width.
         num_heads: heads of the softmax baseline (see :func:`build_attention`).
-        attn: ``"softmax"``, ``"diff"`` or ``"diff_v2"``.
+        attn: an attention spec or its name (``"softmax"``, ``"diff"``, ``"diff_v2"``, ... see
+            :mod:`diffzoo.layers.spec`).
         num_kv_heads: baseline key/value heads (grouped-query attention).
         head_dim: differential q/k width (needed when ``num_heads`` is odd).
         mlp_ratio: hidden width of the feed-forward relative to ``dim`` (``int(dim * mlp_ratio)``).
@@ -142,7 +150,7 @@ class Block(nn.Module):
         dim: int,
         num_heads: int,
         *,
-        attn: AttnKind = "diff",
+        attn: AttnKind | str | AttnSpec = "diff",
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         mlp_ratio: float = 4.0,

@@ -24,6 +24,7 @@ from ..kernels import attention, attention_maps, diff_attention, diff_attention_
 from .attention import AttentionBase, RopeArg
 from .heads import resolve_heads
 from .norm import RMSNorm
+from .spec import lambda_init_schedule
 
 # torch.fx records the kernels as single calls (their input checks and backend choice need real tensors).
 torch.fx.wrap("attention")
@@ -32,11 +33,18 @@ torch.fx.wrap("diff_attention")
 torch.fx.wrap("diff_attention_maps")
 
 
-def lambda_init_schedule(depth: int) -> float:
-    """The paper's ``lambda_init = 0.8 - 0.6 exp(-0.3 * depth)`` for the 0-based block index ``depth``."""
-    if depth < 0:
-        raise ValueError(f"depth must be >= 0 (0-based block index), got {depth}")
-    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+def combine_v1(a: Tensor, lam: Tensor) -> Tensor:
+    """V1's differential heads from the attention of interleaved query pairs ``a (B, 2H, N, w)``:
+    ``a[:, 0::2] - lam * a[:, 1::2]`` (the TorchScript graph of the timm adapter; the kernels of
+    :mod:`diffzoo.kernels` compute the same inside ``diff_attention``)."""
+    return a[:, 0::2] - lam * a[:, 1::2]
+
+
+def combine_v2(a: Tensor, lam: Tensor) -> Tensor:
+    """V2's output from the ``2H`` query heads' attention ``a (B, 2H, N, d)``: ``a[:, 0::2] - lam * a[:, 1::2]``
+    in fp32, returned in ``a``'s dtype (``lam`` broadcasts to ``(B, H, N, 1)``). Used by the layer and by
+    the TorchScript graph of the timm adapter alike."""
+    return (a[:, 0::2].float() - lam * a[:, 1::2].float()).to(a.dtype)
 
 
 class DiffAttention(AttentionBase):
@@ -58,8 +66,8 @@ class DiffAttention(AttentionBase):
         norm_eps: epsilon of the per-head RMSNorm.
         backend: default kernel backend (``None`` follows the global selection).
         sub_norm: apply the per-head RMSNorm and the ``(1 - lambda_init)`` scale (the paper); False
-            leaves the differential output as it is (an ablation). Replacing ``sub_norm`` by
-            ``nn.Identity()`` on a built layer has the same effect.
+            leaves the differential output as it is (an ablation; the layer then has no
+            ``sub_norm.weight``). Fixed at construction, as ``lambda_init`` is.
     """
 
     def __init__(
@@ -98,6 +106,7 @@ class DiffAttention(AttentionBase):
         self.lambda_k1 = nn.Parameter(torch.zeros(head_dim))
         self.lambda_q2 = nn.Parameter(torch.zeros(head_dim))
         self.lambda_k2 = nn.Parameter(torch.zeros(head_dim))
+        self.use_sub_norm = bool(sub_norm)
         self.sub_norm: nn.Module = RMSNorm(2 * head_dim, eps=norm_eps) if sub_norm else nn.Identity()
         self.reset_lambda()
 
@@ -112,11 +121,17 @@ class DiffAttention(AttentionBase):
         l2 = torch.exp(torch.sum(self.lambda_q2.float() * self.lambda_k2.float()))
         return l1 - l2 + self.lambda_init
 
+    def head_norm(self, out: Tensor) -> Tensor:
+        """The per-head RMSNorm and ``(1 - lambda_init)`` scale of the combined heads ``(B, H, N, 2d)``, or
+        ``out`` unchanged for a layer built with ``sub_norm=False``. Every path that computes V1 (the
+        kernels, the TorchScript graph of the timm adapter) ends here."""
+        if self.use_sub_norm:
+            return self.sub_norm(out).mul_(1.0 - self.lambda_init)  # in place: one (B, H, N, 2d) buffer less
+        return out
+
     def _attend(self, x, q, k, v, masks, return_attn, backend):
         lam = self.lambda_full()
-        out = diff_attention(q, k, v, lam, dropout_p=self._dropout_p(), backend=backend, **masks)  # (B, H, N, 2d)
-        if not isinstance(self.sub_norm, nn.Identity):  # nn.Identity: the ablation without norm and scale
-            out = self.sub_norm(out).mul_(1.0 - self.lambda_init)  # in place: one (B, H, N, 2d) buffer less
+        out = self.head_norm(diff_attention(q, k, v, lam, dropout_p=self._dropout_p(), backend=backend, **masks))
         maps = None
         if return_attn:
             a1, a2 = diff_attention_maps(q, k, lam, **masks)
@@ -126,7 +141,7 @@ class DiffAttention(AttentionBase):
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"lambda_init={self.lambda_init:.4f}"
+            f"lambda_init={self.lambda_init:.4f}" + ("" if self.use_sub_norm else ", sub_norm=False")
         )
 
 
@@ -171,12 +186,15 @@ class DiffAttentionV2(AttentionBase):
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.lambda_proj = nn.Linear(dim, num_heads, bias=lambda_bias)
 
+    def token_lambda(self, x: Tensor) -> Tensor:
+        """V2's lambda per token and head, ``sigmoid(x W_lam)`` as fp32 ``(B, H, N, 1)``."""
+        return torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)
+
     def _attend(self, x, q, k, v, masks, return_attn, backend):
-        B, N, _ = x.shape
-        lam = torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        lam = self.token_lambda(x)  # (B, H, N, 1)
         # The 2H query heads are ordered so that pairs (2i, 2i+1) fall inside one key/value group.
         a = attention(q, k, v, dropout_p=self._dropout_p(), backend=backend, **masks)  # (B, 2H, N, d)
-        out = (a[:, 0::2].float() - lam * a[:, 1::2].float()).to(a.dtype)  # (B, H, N, d)
+        out = combine_v2(a, lam)  # (B, H, N, d)
         maps = None
         if return_attn:
             m = attention_maps(q, k, **masks)

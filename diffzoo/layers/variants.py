@@ -1,96 +1,26 @@
-"""Named attention variants of the study, in one place: the softmax baseline, differential V1 and V2,
-and the ablations. Every study recipe accepts these names (``--model.attn NAME``).
+"""The study's named attention variants and the feed-forward matching of ``diff_v2_matched``.
 
-=================== ===========================================================================
-name                layer settings
-=================== ===========================================================================
-``softmax``         softmax attention with the baseline's ``H`` heads of width ``d``
-``softmax_wide``    softmax attention with ``H/2`` heads of width ``2d`` (same projections): separates
-                    "fewer, wider heads" from "differential"
-``diff``            differential attention V1 (the paper): ``H/2`` heads of two q/k pairs, per-head
-                    RMSNorm and ``(1 - lambda_init)`` scale, ``lambda_init`` by depth
-``diff_nonorm``     V1 without the per-head RMSNorm and without the ``(1 - lambda_init)`` scale
-``diff_const``      V1 with a constant ``lambda_init = 0.8`` instead of the depth schedule
-``diff_v2``         differential attention V2 (``2H`` query heads, a lambda per token and head)
-``diff_v2_matched`` V2 with the feed-forward narrowed until the model has the softmax baseline's
-                    parameter count (V2's extra query heads and lambda projection otherwise add
-                    ``D^2 + D H + H`` parameters per block, ~8 % of a block with a 4x MLP)
-=================== ===========================================================================
-
-A variant is applied in two steps: the model is built with ``attn`` (and, for ``softmax_wide`` and
-``diff_v2_matched``, changed head count / feed-forward width, see :mod:`diffzoo.models.variants`), then
-:func:`apply_variant` sets the per-layer options on the built differential layers.
+The names and their settings are defined once, in :mod:`diffzoo.layers.spec` (:class:`AttnSpec`); this
+module keeps the names the study code has used (``Variant``, ``VARIANTS``, ``get_variant``,
+``variant_names``). A variant is never applied to a built model: pass its name (or spec) as ``attn`` to
+any model family and the model is built as that variant.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from torch import nn
 
-from .diff_attention import DiffAttention
 from .matched import count_parameters
+from .spec import VARIANTS, AttnSpec, get_spec, spec_names
 
-__all__ = ["VARIANTS", "Variant", "apply_variant", "get_variant", "matched_width", "variant_names"]
+__all__ = ["VARIANTS", "Variant", "get_variant", "matched_mlp_ratio", "matched_width", "variant_names"]
 
-
-@dataclass(frozen=True)
-class Variant:
-    """Layer settings of one named attention variant."""
-
-    name: str
-    attn: str  # the layer kind built: "softmax", "diff" or "diff_v2"
-    description: str
-    lambda_init: float | None = None  # constant lambda_init of V1 layers; None = the depth schedule
-    sub_norm: bool = True  # V1's per-head RMSNorm and (1 - lambda_init) scale
-    head_scale: float = 1.0  # multiplies the baseline's head count (head width scales inversely)
-    match_params: bool = False  # narrow the feed-forward to the softmax model's parameter count
-
-    @property
-    def differential(self) -> bool:
-        return self.attn != "softmax"
-
-
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("softmax", "softmax", "softmax attention, H heads of width d"),
-    Variant("softmax_wide", "softmax", "softmax attention, H/2 heads of width 2d", head_scale=0.5),
-    Variant("diff", "diff", "differential V1 (per-head norm, lambda_init by depth)"),
-    Variant("diff_nonorm", "diff", "V1 without the per-head norm and the (1 - lambda_init) scale", sub_norm=False),
-    Variant("diff_const", "diff", "V1 with constant lambda_init 0.8", lambda_init=0.8),
-    Variant("diff_v2", "diff_v2", "differential V2 (lambda per token and head)"),
-    Variant("diff_v2_matched", "diff_v2", "V2 with a narrower feed-forward, parameter-matched to softmax",
-            match_params=True),
-)}
-
-
-def variant_names() -> list[str]:
-    return list(VARIANTS)
-
-
-def get_variant(name: str | Variant) -> Variant:
-    """The :class:`Variant` called ``name``; a one-line error lists the known names."""
-    if isinstance(name, Variant):
-        return name
-    if name not in VARIANTS:
-        raise ValueError(f"unknown attention variant {name!r}; choose one of {', '.join(VARIANTS)}")
-    return VARIANTS[name]
-
-
-def apply_variant(model: nn.Module, variant: str | Variant) -> int:
-    """Set ``variant``'s per-layer options on every :class:`DiffAttention` of a built ``model``
-    (constant ``lambda_init``; no per-head norm). Returns the number of layers changed."""
-    v = get_variant(variant)
-    changed = 0
-    for module in model.modules():
-        if not isinstance(module, DiffAttention):
-            continue
-        if v.lambda_init is not None:
-            module.lambda_init = float(v.lambda_init)
-        if not v.sub_norm:
-            module.sub_norm = nn.Identity()
-        changed += int(v.lambda_init is not None or not v.sub_norm)
-    return changed
+Variant = AttnSpec
+get_variant = get_spec
+variant_names = spec_names
 
 
 def matched_width(build: Callable[[int], nn.Module], width: int, target: int, step: int = 8) -> int:
@@ -108,3 +38,17 @@ def matched_width(build: Callable[[int], nn.Module], width: int, target: int, st
     if best < 1:
         raise ValueError(f"no feed-forward width matches {target:,} parameters (would need {best})")
     return best
+
+
+def matched_mlp_ratio(build: Callable[[AttnSpec, float], nn.Module], spec: AttnSpec, dim: int, mlp_ratio: float) -> float:
+    """The ``mlp_ratio`` at which ``build(spec, ratio)`` has the parameter count of ``build(softmax, mlp_ratio)``.
+
+    ``build(spec, ratio)`` builds the model family of width ``dim`` (feed-forward ``int(dim * ratio)``) with
+    the attention ``spec``; it is called with ``spec`` less its ``match_params`` (and with the ``softmax``
+    spec for the target), so a family calls this from its constructor without recursing.
+    """
+    target = count_parameters(build(get_spec("softmax"), mlp_ratio))
+    unmatched = dataclasses.replace(spec, match_params=False)
+    # Blocks size the MLP as int(dim * mlp_ratio); the half unit keeps float rounding from losing one.
+    width = matched_width(lambda w: build(unmatched, (w + 0.5) / dim), round(mlp_ratio * dim), target)
+    return (width + 0.5) / dim

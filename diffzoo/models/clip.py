@@ -19,7 +19,7 @@ Integration with open_clip (3.3). open_clip's ``CustomTextCLIP`` holds the tower
 ``encode_text(normalize=)``, ``forward`` (tuple or ``output_dict=True``), ``logit_bias``, ``lock_*``
 and ``set_grad_checkpointing`` are open_clip's own code. ``CustomTextCLIP`` builds its towers through
 the module-level functions ``open_clip.model._build_vision_tower`` / ``_build_text_tower``; importing
-this module wraps both once (idempotently, the wrappers are marked ``_diffzoo_hook``): a tower config
+this module wraps both once (:func:`diffzoo.hosts.open_clip.install_tower_builders`): a tower config
 (dict) that carries a ``"diffzoo"`` entry is built here, every other config goes to open_clip's
 original function unchanged. Importing this module also registers the JSON configs of
 ``diffzoo/models/clip_configs`` with ``open_clip.add_model_config``, so::
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -60,7 +59,6 @@ from pathlib import Path
 from typing import Any
 
 import open_clip
-import open_clip.model as _oc_model
 import torch
 from open_clip.model import CLIPTextCfg, CLIPVisionCfg, CustomTextCLIP
 from open_clip.transform import PreprocessCfg
@@ -69,7 +67,10 @@ from open_clip.utils import to_2tuple
 from timm.layers import LayerNorm
 from torch import Tensor, nn
 
+from ..hosts.open_clip import install_tower_builders
 from ..layers import GradCheckpointingMixin, Transformer
+from ..layers.spec import AttnSpec, get_spec
+from ..layers.variants import matched_mlp_ratio
 from .vit import diff_head_layout, vision_transformer
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "clip_model_names",
     "create_clip",
     "install_open_clip_hooks",
+    "with_attn",
 ]
 
 CLIP_CONFIG_DIR = Path(__file__).with_name("clip_configs")
@@ -95,7 +97,9 @@ _ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU}
 class DiffzooTowerCfg:
     """The ``"diffzoo"`` entry of an open_clip ``vision_cfg`` / ``text_cfg``: what open_clip's fields do not say."""
 
-    attn: str = "diff"  # "diff" (differential V1, the paper), "diff_v2" or "softmax" (the matched baseline)
+    # attention spec name (diffzoo.layers.spec): "diff" (differential V1, the paper), "diff_v2", "softmax" (the
+    # matched baseline) or a study variant; the tower's shape fields stay the softmax baseline's
+    attn: str | AttnSpec = "diff"
     lambda_init: float | None = None  # constant lambda_init (DiffCLIP: 0.8); None = 0.8 - 0.6 exp(-0.3 l)
     head_dim: int | None = None  # differential q/k width; needed only when the baseline head count is odd
     act: str | None = None  # MLP activation "gelu" / "quick_gelu"; None follows open_clip's quick_gelu flag
@@ -108,11 +112,13 @@ class DiffzooTowerCfg:
     preprocess_cfg: dict | None = None  # vision only: open_clip PreprocessCfg fields (mean, std, ...)
 
     def __post_init__(self) -> None:
-        if self.attn not in ("diff", "diff_v2", "softmax"):
-            raise ValueError(f"diffzoo.attn={self.attn!r}; expected 'diff', 'diff_v2' or 'softmax'")
+        try:
+            spec = get_spec(self.attn, self.lambda_init)
+        except ValueError as e:
+            raise ValueError(f"diffzoo.attn: {e}") from None
         if self.act is not None and self.act not in _ACTIVATIONS:
             raise ValueError(f"diffzoo.act={self.act!r}; expected one of {sorted(_ACTIVATIONS)} or null")
-        if self.head_dim is not None and self.attn != "diff":
+        if self.head_dim is not None and spec.kind != "diff":
             raise ValueError(f"diffzoo.head_dim applies to attn='diff' only (got attn={self.attn!r})")
         for name in ("drop_path_rate", "attn_drop", "proj_drop"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -216,7 +222,7 @@ class DiffVisionTower(nn.Module):
         self.patch_size = to_2tuple(patch_size)
         self.in_chans = in_chans
         self.output_dim = embed_dim
-        self.attn_kind = cfg.attn
+        self.attn_kind = get_spec(cfg.attn).kind
         num_heads = width // head_width
         if cfg.head_dim is not None and cfg.head_dim != diff_head_layout(width, num_heads)[2]:
             raise ValueError(
@@ -409,14 +415,21 @@ class DiffTextTower(GradCheckpointingMixin, nn.Module):
             if value < 1:
                 raise ValueError(f"text {name}={value} must be positive")
         self.context_length, self.vocab_size, self.width = context_length, vocab_size, width
-        self.pad_id, self.output_dim, self.attn_kind = pad_id, embed_dim, cfg.attn
+        self.attn_spec = spec = get_spec(cfg.attn, cfg.lambda_init)
+        self.pad_id, self.output_dim, self.attn_kind = pad_id, embed_dim, spec.kind
         self.causal = not no_causal_mask
+        if spec.match_params:
+            mlp_ratio = matched_mlp_ratio(lambda s, r: DiffTextTower(
+                embed_dim, context_length=context_length, vocab_size=vocab_size, width=width, heads=heads,
+                layers=layers, mlp_ratio=r, ls_init_value=ls_init_value, no_causal_mask=no_causal_mask,
+                diffzoo=dataclasses.replace(cfg, attn=s, lambda_init=None,
+                                            head_dim=cfg.head_dim if s.kind == "diff" else None),
+                quick_gelu=quick_gelu), spec, width, mlp_ratio)
         self.token_embedding = nn.Embedding(vocab_size, width)
         self.positional_embedding = nn.Parameter(torch.empty(context_length, width))
         act = cfg.act_layer(quick_gelu)
         self.blocks = Transformer(
-            width, layers, heads, attn=cfg.attn, head_dim=cfg.head_dim, mlp_ratio=mlp_ratio,
-            lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias, causal=self.causal, attn_drop=cfg.attn_drop,
+            width, layers, heads, attn=spec, head_dim=cfg.head_dim, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, causal=self.causal, attn_drop=cfg.attn_drop,
             proj_drop=cfg.proj_drop, drop_path_rate=cfg.drop_path_rate, layer_scale_init=ls_init_value,
             act_layer=act, norm_eps=cfg.norm_eps, backend=cfg.backend,
         )
@@ -540,10 +553,6 @@ class DiffTextTower(GradCheckpointingMixin, nn.Module):
 
 
 # -- open_clip hooks --------------------------------------------------------------------------------
-def _wants_diffzoo(cfg: Any) -> bool:
-    return isinstance(cfg, dict) and "diffzoo" in cfg
-
-
 def _refuse_cast_dtype(cast_dtype: torch.dtype | None) -> None:
     if cast_dtype is not None:
         raise ValueError(
@@ -570,26 +579,11 @@ def build_text_tower(embed_dim: int, text_cfg: dict, quick_gelu: bool = False,
     return DiffTextTower(embed_dim, diffzoo=entry, quick_gelu=quick_gelu, **fields)
 
 
-def _hook(original: Any, builder: Any) -> Any:
-    @functools.wraps(original)
-    def build(embed_dim, cfg, quick_gelu=False, cast_dtype=None):
-        if _wants_diffzoo(cfg):
-            return builder(embed_dim, cfg, quick_gelu, cast_dtype)
-        return original(embed_dim, cfg, quick_gelu, cast_dtype)
-
-    build._diffzoo_hook = True  # type: ignore[attr-defined]
-    return build
-
-
 def install_open_clip_hooks() -> None:
-    """Wrap ``open_clip.model._build_vision_tower`` / ``_build_text_tower`` once (idempotent).
-
-    Tower configs with a ``"diffzoo"`` entry are built by diffzoo, all others by open_clip unchanged.
-    """
-    for name, builder in (("_build_vision_tower", build_vision_tower), ("_build_text_tower", build_text_tower)):
-        current = getattr(_oc_model, name)
-        if not getattr(current, "_diffzoo_hook", False):
-            setattr(_oc_model, name, _hook(current, builder))
+    """Let open_clip's factory build diffzoo towers (idempotent; see
+    :func:`diffzoo.hosts.open_clip.install_tower_builders`): tower configs with a ``"diffzoo"`` entry are built
+    by :func:`build_vision_tower` / :func:`build_text_tower`, all others by open_clip unchanged."""
+    install_tower_builders(build_vision_tower, build_text_tower)
 
 
 # -- configs ----------------------------------------------------------------------------------------
@@ -611,6 +605,25 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
+
+
+def with_attn(name: str, attn: str | AttnSpec, model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``open_clip.create_model`` keyword arguments that build the diffzoo CLIP ``name`` with the attention spec
+    ``attn`` in both towers (the towers' shapes stay those of ``name``; the attention spec's lambda-init rule replaces
+    the config's ``lambda_init``). ``model_kwargs`` are further arguments; its tower configs are merged in.
+    """
+    spec = get_spec(attn)
+    base = clip_config(name)
+    kwargs = dict(model_kwargs or {})
+    for tower in ("vision_cfg", "text_cfg"):
+        cfg = _merge(base[tower], kwargs.get(tower) or {})
+        if "diffzoo" not in cfg:
+            raise ValueError(f"the {tower} of {name!r} is open_clip's own tower; attn applies to diffzoo towers")
+        cfg["diffzoo"] = {**cfg["diffzoo"], "attn": spec.name, "lambda_init": None}
+        if spec.kind != "diff":
+            cfg["diffzoo"].pop("head_dim", None)
+        kwargs[tower] = cfg
+    return kwargs
 
 
 def create_clip(name: str, *, device: str | torch.device | None = None, **overrides: Any) -> CustomTextCLIP:

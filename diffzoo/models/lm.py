@@ -34,8 +34,11 @@ from ..layers import (
     RotaryEmbedding,
     Transformer,
     check_matched,
+    count_parameters,
     resolve_heads,
 )
+from ..layers.spec import AttnSpec, get_spec
+from ..layers.variants import matched_width
 from ._renamed import accept_former_names, current_names
 
 __all__ = [
@@ -68,7 +71,10 @@ class LMConfig:
     # output heads for "diff_v2" and the softmax baseline.
     baseline_heads: int = 4  # heads of the softmax baseline; "diff" uses baseline_heads / 2 heads of two q/k pairs
     baseline_kv_heads: int | None = None  # baseline key/value heads (GQA); None = baseline_heads
-    attn: str = "diff"  # "diff" (V1, the paper), "diff_v2" or "softmax"
+    # The attention spec's name (diffzoo.layers.spec): "diff" (V1, the paper), "diff_v2", "softmax", or a study
+    # variant ("softmax_wide", "diff_nonorm", "diff_const", "diff_v2_matched"); the shape fields stay the
+    # softmax baseline's and the model applies the attention spec's head layout and parameter matching to them.
+    attn: str | AttnSpec = "diff"
     intermediate_size: int | None = None  # SwiGLU hidden width; None = LLaMA's 8/3 D rounded up to multiple_of
     multiple_of: int = 32  # rounding of the default intermediate size
     rope_base: float = 10000.0  # RoPE theta
@@ -83,31 +89,44 @@ class LMConfig:
     # num_kv_heads -> baseline_kv_heads (LM_RENAMED).
 
     def __post_init__(self) -> None:
-        if self.attn not in ("diff", "diff_v2", "softmax"):
-            raise ValueError(f"attn={self.attn!r}; expected 'diff', 'diff_v2' or 'softmax'")
+        spec = self.spec  # one-line error for an unknown name or a lambda_init the kind cannot take
         if self.baseline_kv_heads is None:
             self.baseline_kv_heads = self.baseline_heads
         for name in ("vocab_size", "dim", "depth", "baseline_heads", "baseline_kv_heads", "multiple_of", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
         resolve_heads(self.dim, self.baseline_heads, self.baseline_kv_heads)
-        if self.attn == "diff" and (self.baseline_heads % 2 or self.baseline_kv_heads % 2):
+        heads, kv_heads = self.heads
+        resolve_heads(self.dim, heads, kv_heads)
+        if spec.kind == "diff" and (heads % 2 or kv_heads % 2):
             raise ValueError(
-                f"attn='diff' pairs the baseline's heads: baseline_heads={self.baseline_heads} and "
-                f"baseline_kv_heads={self.baseline_kv_heads} must both be even"
+                f"attn={spec.name!r} pairs the baseline's heads: baseline_heads={heads} and "
+                f"baseline_kv_heads={kv_heads} must both be even"
             )
-        if (self.dim // self.baseline_heads) % 2:
-            raise ValueError(
-                f"head width dim / baseline_heads = {self.dim // self.baseline_heads} must be even for RoPE"
-            )
+        if self.head_dim % 2:
+            raise ValueError(f"head width dim / heads = {self.head_dim} must be even for RoPE")
         if self.intermediate_size is None:
             hidden = int(8 * self.dim / 3)
             self.intermediate_size = self.multiple_of * math.ceil(hidden / self.multiple_of)
 
     @property
+    def spec(self) -> AttnSpec:
+        """The attention spec named by ``attn`` (with ``lambda_init``, when set, as its constant)."""
+        return get_spec(self.attn, self.lambda_init)
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        """``(heads, kv_heads)`` the softmax-shaped projections are laid out in: the baseline's, times the
+        spec's ``head_scale``."""
+        spec = self.spec
+        kv = self.baseline_heads if self.baseline_kv_heads is None else self.baseline_kv_heads
+        return spec.scale_heads(self.baseline_heads, "baseline_heads"), spec.scale_heads(kv, "baseline_kv_heads")
+
+    @property
     def head_dim(self) -> int:
-        """Query/key width ``d`` of every head (the baseline's ``dim / baseline_heads``)."""
-        return self.dim // self.baseline_heads
+        """Query/key width ``d`` of every head (the baseline's ``dim / baseline_heads``, wider when the attention spec
+        runs fewer heads)."""
+        return self.dim // self.heads[0]
 
     def replace(self, **changes: Any) -> LMConfig:
         """A copy with some fields changed (validated again); former field names are accepted."""
@@ -158,11 +177,14 @@ class CausalLM(GradCheckpointingMixin, nn.Module):
     def __init__(self, config: LMConfig) -> None:
         super().__init__()
         self.config = cfg = config
+        self.spec = spec = cfg.spec
+        #: the SwiGLU width built: the config's, or the parameter-matched one of a ``match_params`` spec
+        self.intermediate_size = matched_intermediate_size(cfg) if spec.match_params else cfg.intermediate_size
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         rope = RotaryEmbedding(cfg.head_dim, base=cfg.rope_base)  # no parameters: shared by every block
         self.blocks = Transformer(
-            cfg.dim, cfg.depth, cfg.baseline_heads, attn=cfg.attn, num_kv_heads=cfg.baseline_kv_heads,
-            mlp_hidden_dim=cfg.intermediate_size, mlp="swiglu", norm="rmsnorm", lambda_init=cfg.lambda_init,
+            cfg.dim, cfg.depth, cfg.baseline_heads, attn=spec, num_kv_heads=cfg.baseline_kv_heads,
+            mlp_hidden_dim=self.intermediate_size, mlp="swiglu", norm="rmsnorm",
             qkv_bias=cfg.bias, proj_bias=cfg.bias, mlp_bias=False, causal=True, rope=rope, norm_eps=cfg.norm_eps,
             sub_norm_eps=cfg.norm_eps, backend=cfg.backend,
         )
@@ -253,6 +275,16 @@ class CausalLM(GradCheckpointingMixin, nn.Module):
         if positions is None and key_padding_mask is not None:
             positions = positions_from_padding(key_padding_mask, tokens.shape[1])
         return self.tok_embeddings(tokens), positions  # (B, N, D)
+
+
+def matched_intermediate_size(config: LMConfig) -> int:
+    """The SwiGLU width at which ``config``'s model has the parameter count of its softmax model (``config``'s
+    ``intermediate_size`` is the softmax model's)."""
+    spec = config.spec
+    target = count_parameters(CausalLM(config.replace(attn="softmax", lambda_init=None)))
+    unmatched = dataclasses.replace(spec, match_params=False)
+    return matched_width(lambda w: CausalLM(config.replace(attn=unmatched, intermediate_size=w)),
+                         config.intermediate_size, target)
 
 
 def matched_lm_pair(config: LMConfig) -> tuple[CausalLM, CausalLM]:

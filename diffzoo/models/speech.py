@@ -26,7 +26,7 @@ each differential model's parameter count is within 0.5 % of its softmax partner
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -35,6 +35,8 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import Tensor, nn
 
 from ..layers import GradCheckpointingMixin, Transformer
+from ..layers.spec import AttnSpec, get_spec
+from ..layers.variants import matched_mlp_ratio
 from ._renamed import accept_former_names, current_names
 from .vit import vit_init_
 
@@ -74,7 +76,9 @@ class SpeechEncoderConfig:
             configs; former name ``num_heads``, still accepted and readable). ``attn="diff"`` converts them
             (2H -> H); an attention layer's own ``num_heads`` is the count it runs.
         head_dim: differential q/k width, needed for an odd ``baseline_heads`` (KWT-1: 1 head).
-        attn: ``"diff"``, ``"softmax"`` or ``"diff_v2"``.
+        attn: an attention spec name (:mod:`diffzoo.layers.spec`): ``"diff"``, ``"softmax"``, ``"diff_v2"`` or a
+            study variant (``"diff_nonorm"``, ``"diff_v2_matched"``, ...); the shape fields stay the softmax
+            baseline's (a parameter-matched spec narrows the feed-forward when the model is built).
         mlp_ratio: feed-forward width relative to ``D``.
         qkv_bias: biases on q/k/v.
         lambda_init: constant lambda_init; None uses the paper's depth schedule.
@@ -103,7 +107,7 @@ class SpeechEncoderConfig:
     depth: int = 12
     baseline_heads: int = 1  # heads of the softmax baseline (attn="diff" runs baseline_heads / 2)
     head_dim: int | None = None
-    attn: Literal["diff", "softmax", "diff_v2"] = "diff"
+    attn: str | AttnSpec = "diff"
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     lambda_init: float | None = None
@@ -115,6 +119,7 @@ class SpeechEncoderConfig:
     backend: str | None = None
 
     def __post_init__(self) -> None:
+        get_spec(self.attn, self.lambda_init)  # one-line error for an unknown name or a misplaced lambda_init
         if self.n_mels % self.patch_freq:
             raise ValueError(f"patch_freq={self.patch_freq} must divide n_mels={self.n_mels}")
         if self.win_length > self.n_fft:
@@ -250,7 +255,13 @@ class SpeechTransformer(GradCheckpointingMixin, nn.Module):
         cfg = self.cfg = SpeechEncoderConfig(**{**base, **kwargs})
         self.num_classes = num_classes
         self.global_pool = cfg.global_pool
-        self.attn_kind = cfg.attn
+        self.attn_spec = spec = get_spec(cfg.attn, cfg.lambda_init)
+        self.attn_kind = spec.kind
+        mlp_ratio = cfg.mlp_ratio
+        if spec.match_params:
+            mlp_ratio = matched_mlp_ratio(lambda s, r: SpeechTransformer(config=replace(
+                cfg, attn=s, mlp_ratio=r, head_dim=cfg.head_dim if s.kind == "diff" else None,
+                lambda_init=None)), spec, cfg.embed_dim, cfg.mlp_ratio)
         self.num_features = self.head_hidden_size = self.embed_dim = cfg.embed_dim
         self.num_prefix_tokens = 1
 
@@ -260,9 +271,8 @@ class SpeechTransformer(GradCheckpointingMixin, nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, cfg.max_time_tokens, cfg.freq_tokens, cfg.embed_dim))
         self.blocks = Transformer(
-            cfg.embed_dim, cfg.depth, cfg.baseline_heads, attn=cfg.attn,
-            head_dim=cfg.head_dim if cfg.attn == "diff" else None, mlp_ratio=cfg.mlp_ratio,
-            lambda_init=cfg.lambda_init, qkv_bias=cfg.qkv_bias, attn_drop=cfg.attn_drop_rate,
+            cfg.embed_dim, cfg.depth, cfg.baseline_heads, attn=spec,
+            head_dim=cfg.head_dim if spec.kind == "diff" else None, mlp_ratio=mlp_ratio, qkv_bias=cfg.qkv_bias, attn_drop=cfg.attn_drop_rate,
             proj_drop=cfg.proj_drop_rate, drop_path_rate=cfg.drop_path_rate, backend=cfg.backend,
         )
         self.norm = nn.LayerNorm(cfg.embed_dim, eps=1e-6)
@@ -416,9 +426,9 @@ def matched_speech_name(name: str) -> str:
 
 def _create(variant: str, pretrained: bool, **kwargs: Any) -> SpeechTransformer:
     arch = dict(SPEECH_CONFIGS[_size_of(variant)], attn="diff" if variant.startswith("diff") else "softmax")
-    if arch["attn"] != "diff":
-        arch.pop("head_dim", None)
     arch.update(current_names(kwargs, SPEECH_RENAMED))
+    if get_spec(arch["attn"]).kind != "diff" and "head_dim" not in kwargs:
+        arch.pop("head_dim", None)
     return build_model_with_cfg(SpeechTransformer, variant, pretrained, **arch)
 
 

@@ -19,9 +19,10 @@ After ``import diffzoo`` the models are in timm's registry::
 
 Names: ``diffvit_*`` (differential) and ``softvit_*`` (softmax baseline with identical dimensions;
 parameter counts agree within 0.5 %). ``diffvit_*`` avoids timm's existing ``vit_d*`` names. Extra
-keyword arguments of the registered builders: ``attn`` (``"diff"``, ``"diff_v2"`` or ``"softmax"``),
-``lambda_init`` (a constant instead of the depth schedule) and ``backend`` (diffzoo kernel backend);
-every other keyword goes to timm's ``VisionTransformer``.
+keyword arguments of the registered builders: ``attn`` (an attention spec or its name: ``"diff"``,
+``"diff_v2"``, ``"softmax"`` or a study variant such as ``"diff_nonorm"``, see :mod:`diffzoo.layers.spec`;
+the name's prefix only gives the default), ``lambda_init`` (a constant instead of the attention spec's rule) and
+``backend`` (diffzoo kernel backend); every other keyword goes to timm's ``VisionTransformer``.
 
 Head layout: ``num_heads`` is always the *softmax baseline's* head count. Differential V1 turns an even
 count ``2H`` into ``H`` differential heads of the same width (``dim / 2H`` per query/key branch, value
@@ -39,19 +40,24 @@ from __future__ import annotations
 
 import re
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-from timm.layers import Attention as TimmAttention
-from timm.layers import LayerNorm, register_notrace_module, trunc_normal_
+from timm.layers import LayerNorm, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_checkpoint_filter_fn
 from torch import Tensor, nn
 
-from ..layers import DiffAttention, DiffAttentionV2, diff_heads_for_baseline, lambda_init_schedule
-from ..layers.attention import AttentionBase
+from ..hosts.timm import (
+    TimmDiffAttention,
+    TimmDiffAttentionV2,
+    attention_layer,
+    building_model,
+    diff_head_layout,
+)
+from ..layers.spec import AttnSpec, get_spec
+from ..layers.variants import matched_mlp_ratio
 
 __all__ = [
     "TimmDiffAttention",
@@ -61,11 +67,8 @@ __all__ = [
     "attention_layer",
     "checkpoint_filter_fn",
     "diff_head_layout",
-    "set_lambda_init",
     "vision_transformer",
 ]
-
-AttnKind = Literal["diff", "diff_v2", "softmax"]
 
 
 def vit_init_(model: nn.Module, pos_embed: nn.Parameter | None, cls_token: nn.Parameter | None) -> None:
@@ -82,218 +85,36 @@ def vit_init_(model: nn.Module, pos_embed: nn.Parameter | None, cls_token: nn.Pa
                 nn.init.zeros_(m.bias)
 
 
-def _refuse_timm_only_options(qk_norm: bool, scale_norm: bool) -> None:
-    if qk_norm or scale_norm:
-        name = "qk_norm" if qk_norm else "scale_attn_norm"
-        raise ValueError(
-            f"{name}=True is a timm Attention option that diffzoo's differential attention does not implement; "
-            "leave it False (differential V1 already normalises each head's output)"
-        )
-
-
-def diff_head_layout(dim: int, num_heads: int) -> tuple[int, int, int]:
-    """Differential V1 ``(heads, kv_heads, head_dim)`` for a softmax baseline of ``num_heads`` heads.
-
-    An even count ``2H`` gives ``H`` heads of the baseline's width; an odd count keeps its heads at half
-    width (``dim // (2 * num_heads)``). Either way the projections have the baseline's shapes.
-    """
-    return diff_heads_for_baseline(dim, num_heads, head_dim=None if num_heads % 2 == 0 else dim // (2 * num_heads))
-
-
-class _TimmForward:
-    """timm's attention ``forward(x, attn_mask=None, is_causal=False)`` over a diffzoo attention layer.
-
-    Eager calls, ``torch.compile``, ``torch.export`` and ``torch.fx.symbolic_trace`` go through
-    :meth:`diffzoo.layers.AttentionBase.forward`, i.e. diffzoo's kernel backends (recorded as single calls
-    in a traced graph) and the ``_attend`` seam of :mod:`diffzoo.analysis`. TorchScript cannot follow the
-    backend selection (Python control flow at call time), so a scripted ViT runs :meth:`_forward_graph`:
-    the same math from ``F.scaled_dot_product_attention`` calls, equal to the eager result up to
-    floating-point rounding. (diffzoo's own layers refuse ``torch.jit.script``; these timm adapters
-    script because timm's ViT API promises it.)
-
-    ``attn_mask`` follows timm: bool (True = attend) or additive float, broadcastable to
-    ``(B, heads, N, N)``; give masks a head dimension of 1, since the differential layer has fewer
-    heads than the baseline's ``num_heads``.
-    """
-
-    __jit_unused_properties__ = ["proj"]
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int = 8,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        depth: int = 0,
-        lambda_init: float | None = None,
-        backend: str | None = None,
-        device: Any = None,
-        dtype: Any = None,
-    ) -> None:
-        _refuse_timm_only_options(qk_norm, scale_norm)
-        self._init_layer(
-            dim, num_heads, depth, lambda_init, qkv_bias=qkv_bias, proj_bias=proj_bias, attn_drop=attn_drop,
-            proj_drop=proj_drop, backend=backend,
-        )
-        self.baseline_heads = num_heads
-        if device is not None or dtype is not None:
-            self.to(device=device, dtype=dtype)
-
-    @property
-    def proj(self) -> nn.Linear:
-        """timm's name of the output projection (``VisionTransformer(fix_init=True)`` rescales it)."""
-        return self.out_proj
-
-    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-        """``x (B, N, dim)`` -> ``(B, N, dim)``."""
-        if torch.jit.is_scripting():
-            return self._forward_graph(x, attn_mask, is_causal)
-        return self._forward_kernels(x, attn_mask, is_causal)
-
-    @torch.jit.unused
-    def __prepare_scriptable__(self) -> nn.Module:
-        return self  # scripted through _forward_graph (see the class docstring)
-
-    @torch.jit.unused
-    def _forward_kernels(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        return AttentionBase.forward(self, x, attn_mask=attn_mask, causal=is_causal)
-
-    def reset_parameters(self) -> None:
-        """Re-draw the parameters that are not in a child ``nn.Linear`` (timm's ``init_weights`` calls
-        this after it initialised the projections)."""
-        self._reset_extra()
-
-
-class TimmDiffAttention(_TimmForward, DiffAttention):
-    """:class:`diffzoo.layers.DiffAttention` (V1) with timm's attention constructor, for ``attn_layer=``.
-
-    Args:
-        dim: model width.
-        num_heads: heads of the softmax baseline (converted as described in the module docstring).
-        qkv_bias, proj_bias, attn_drop, proj_drop: as timm's ``Attention``.
-        qk_norm, scale_norm: must be False (timm options diffzoo's attention does not have).
-        norm_layer: accepted for timm's signature; unused.
-        depth: 0-based block index; sets ``lambda_init`` by the paper's schedule unless
-            ``lambda_init`` is given. timm's ``Block`` does not pass it to non-timm layers, so
-            :func:`vision_transformer` sets it afterwards with :func:`set_lambda_init`.
-        lambda_init: constant ``lambda_init`` (DiffCLIP: 0.8).
-        backend: diffzoo kernel backend of this layer (None follows :mod:`diffzoo.kernels`).
-    """
-
-    def _init_layer(self, dim: int, num_heads: int, depth: int, lambda_init: float | None, **kwargs: Any) -> None:
-        heads, kv_heads, head_dim = diff_head_layout(dim, num_heads)
-        DiffAttention.__init__(self, dim, heads, kv_heads, head_dim, lambda_init=lambda_init, depth=depth, **kwargs)
-
-    def _reset_extra(self) -> None:
-        self.reset_lambda()
-        nn.init.ones_(self.sub_norm.weight)
-
-    def _forward_graph(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        B, N, _ = x.shape
-        H, d = self.num_heads, self.head_dim
-        q = self.q_proj(x).view(B, N, 2 * H, d).transpose(1, 2)  # heads (2i, 2i+1) = (q1, q2) of head i
-        k = self.k_proj(x).view(B, N, 2 * H, d).transpose(1, 2)
-        v = self.v_proj(x).view(B, N, H, 2 * d).transpose(1, 2).repeat_interleave(2, dim=1)  # (B, 2H, N, 2d)
-        p = self.attn_drop if self.training else 0.0
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal)
-        lam = self.lambda_full().to(a.dtype)
-        o = a[:, 0::2] - lam * a[:, 1::2]  # (B, H, N, 2d)
-        o = self.sub_norm(o) * (1.0 - self.lambda_init)
-        return self.proj_drop(self.out_proj(o.transpose(1, 2).reshape(B, N, H * 2 * d)))
-
-
-class TimmDiffAttentionV2(_TimmForward, DiffAttentionV2):
-    """:class:`diffzoo.layers.DiffAttentionV2` with timm's attention constructor, for ``attn_layer=``.
-
-    ``num_heads`` (the baseline's) is V2's output head count; ``2 * num_heads`` query heads are
-    computed. Arguments as :class:`TimmDiffAttention`; ``depth`` is unused and ``lambda_init`` must
-    stay None (V2 predicts lambda per token).
-    """
-
-    def _init_layer(self, dim: int, num_heads: int, depth: int, lambda_init: float | None, **kwargs: Any) -> None:
-        if lambda_init is not None:
-            raise ValueError("lambda_init does not apply to attn='diff_v2' (V2 predicts lambda per token)")
-        DiffAttentionV2.__init__(self, dim, num_heads, **kwargs)
-
-    def _reset_extra(self) -> None:
-        pass  # lambda_proj is an nn.Linear: timm's init covers it
-
-    def _forward_graph(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        B, N, _ = x.shape
-        H, d = self.num_heads, self.head_dim
-        q = self.q_proj(x).view(B, N, 2 * H, d).transpose(1, 2)  # query pairs (2i, 2i+1) share kv head i
-        k = self.k_proj(x).view(B, N, H, d).transpose(1, 2).repeat_interleave(2, dim=1)
-        v = self.v_proj(x).view(B, N, H, d).transpose(1, 2).repeat_interleave(2, dim=1)
-        p = self.attn_drop if self.training else 0.0
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal)
-        lam = torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
-        o = (a[:, 0::2].float() - lam * a[:, 1::2].float()).to(a.dtype)  # (B, H, N, d)
-        return self.proj_drop(self.out_proj(o.transpose(1, 2).reshape(B, N, H * d)))
-
-
-# timm's FX tools keep these layers whole, so traced models call the eager kernels (identical outputs).
-register_notrace_module(TimmDiffAttention)
-register_notrace_module(TimmDiffAttentionV2)
-
-_ATTN_LAYERS: dict[str, type[nn.Module]] = {
-    "diff": TimmDiffAttention, "diff_v2": TimmDiffAttentionV2, "softmax": TimmAttention,
-}
-
-
-def attention_layer(attn: AttnKind) -> type[nn.Module]:
-    """The ``attn_layer`` class for timm's ViT: ``"diff"``, ``"diff_v2"`` or ``"softmax"`` (timm's own)."""
-    if attn not in _ATTN_LAYERS:
-        raise ValueError(f"attn={attn!r}; expected one of {sorted(_ATTN_LAYERS)}")
-    return _ATTN_LAYERS[attn]
-
-
-_BLOCK_ATTN = re.compile(r"(?:^|\.)blocks\.(\d+)\.attn$")
-
-
-def set_lambda_init(model: nn.Module, lambda_init: float | None = None) -> int:
-    """Set every differential V1 layer's ``lambda_init``: the constant, or the depth schedule by block index.
-
-    The block index comes from the module name (``blocks.<i>.attn``, also inside timm's feature
-    wrappers); layers elsewhere count in model order. Returns the number of layers set.
-    """
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, TimmDiffAttention)]
-    for order, (name, m) in enumerate(layers):
-        match = _BLOCK_ATTN.search(name)
-        m.depth = int(match.group(1)) if match else order
-        m.lambda_init = lambda_init_schedule(m.depth) if lambda_init is None else float(lambda_init)
-    return len(layers)
-
-
 def vision_transformer(
-    attn: AttnKind = "diff", *, lambda_init: float | None = None, backend: str | None = None, **kwargs: Any
+    attn: str | AttnSpec = "diff", *, lambda_init: float | None = None, backend: str | None = None, **kwargs: Any
 ) -> VisionTransformer:
-    """timm's ``VisionTransformer`` with diffzoo attention (``attn="diff"``/``"diff_v2"``) or timm's own.
+    """timm's ``VisionTransformer`` with the attention of the attention spec ``attn``.
 
     Args:
-        attn: ``"diff"`` (V1), ``"diff_v2"`` or ``"softmax"`` (timm's ``Attention``: timm's ViT as is).
-        lambda_init: constant ``lambda_init`` of V1 layers; None uses the depth schedule.
+        attn: an attention spec or its name (:mod:`diffzoo.layers.spec`): ``"diff"`` (V1), ``"diff_v2"``,
+            ``"softmax"`` (timm's ``Attention``: timm's ViT as is) or a study variant. The attention spec's head
+            layout scales ``num_heads``; a parameter-matched spec narrows ``mlp_ratio`` until the model has
+            the softmax ViT's parameter count. The attention spec is kept as ``model.attn_spec``.
+        lambda_init: constant ``lambda_init`` of V1 layers (replaces the attention spec's rule).
         backend: diffzoo kernel backend of the differential layers.
-        kwargs: timm ``VisionTransformer`` arguments (``num_heads`` is the baseline's head count).
+        kwargs: timm ``VisionTransformer`` arguments (``num_heads`` and ``mlp_ratio`` are the softmax
+            baseline's).
     """
-    layer = attention_layer(attn)
-    if attn == "softmax" and (lambda_init is not None or backend is not None):
+    spec = get_spec(attn, lambda_init)
+    if spec.kind == "softmax" and backend is not None:
         raise ValueError(
-            "lambda_init and backend configure differential attention; the softmax baseline is timm's own "
-            "Attention (drop them, or use attn='diff')"
+            "backend configures differential attention; the softmax baseline is timm's own Attention "
+            "(drop it, or use attn='diff')"
         )
-    if attn == "diff_v2" and lambda_init is not None:
-        raise ValueError("lambda_init does not apply to attn='diff_v2' (V2 predicts lambda per token)")
-    model = VisionTransformer(attn_layer=layer, **kwargs)
-    if attn != "softmax":
-        set_lambda_init(model, lambda_init)
-        for m in model.modules():
-            if isinstance(m, _TimmForward):
-                m.backend = backend
+    if spec.head_scale != 1.0:
+        kwargs["num_heads"] = spec.scale_heads(int(kwargs.get("num_heads", 12)))
+    if spec.match_params:
+        kwargs["mlp_ratio"] = matched_mlp_ratio(
+            lambda s, r: vision_transformer(s, **{**kwargs, "mlp_ratio": r}), spec, int(kwargs.get("embed_dim", 768)),
+            float(kwargs.get("mlp_ratio", 4.0)))
+    with building_model(spec, backend):
+        model = VisionTransformer(attn_layer=attention_layer(spec), **kwargs)
+    model.attn_spec = spec
     return model
 
 

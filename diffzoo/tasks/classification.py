@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from ..weights.convert import load_init_from
+from ..layers.spec import get_spec
+from ..weights.convert import converted_lambda_init, load_init_from
 from .callbacks import GuardedTraining
 from .init_from import TrainsOnlyFirst, check_train_only
 from .metrics import FiniteMulticlassAccuracy
@@ -53,6 +54,9 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
             the converted architecture), see :func:`diffzoo.weights.load_init_from`.
         train_only: ``"attention"`` to train only the attention layers until ``unfreeze_after``.
         unfreeze_after: optimizer step from which every parameter trains (None: never, with ``train_only``).
+        attn: the attention spec of a diffzoo model (``softmax``, ``softmax_wide``, ``diff``, ``diff_nonorm``,
+            ``diff_const``, ``diff_v2``, ``diff_v2_matched``; :mod:`diffzoo.layers.spec`), passed to the
+            model as ``attn``; None keeps the model name's own (``diffvit_*``: diff, ``softvit_*``: softmax).
     """
 
     def __init__(
@@ -76,6 +80,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
         init_from: str | None = None,
         train_only: str | None = None,
         unfreeze_after: int | None = None,
+        attn: str | None = None,
     ) -> None:
         super().__init__()
         check_train_only(train_only)
@@ -85,8 +90,13 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
         import diffzoo.models  # noqa: F401  (registers diffvit_* / softvit_* with timm)
 
         kwargs = dict(model_kwargs or {})
+        if attn is not None:
+            kwargs["attn"] = get_spec(attn).name  # one-line error for an unknown name
         if img_size is not None:
             kwargs.setdefault("img_size", img_size)
+        attn = kwargs.get("attn", "diff" if model.startswith("diff") else "softmax")
+        if converted_lambda_init(init_from, attn) is not None:  # built as converted (lambda_init is not a weight)
+            kwargs.setdefault("lambda_init", converted_lambda_init(init_from, attn))
         self.model = timm.create_model(model, num_classes=num_classes, in_chans=in_chans, **kwargs)
         if init_from is not None:
             load_init_from(self.model, init_from)

@@ -10,7 +10,6 @@ import lightning.pytorch as pl
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..layers.variants import apply_variant
 from ..models.variants import vit_create_args
 from ..weights.export import save_safetensors
 from ..weights.io import submodule_state
@@ -49,7 +48,6 @@ class VariantImageTask(ImageClassificationTask):
             weight_decay=weight_decay, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
             label_smoothing=label_smoothing, **kwargs,
         )
-        apply_variant(self.model, attn)
         self.timm_name = name
         self.create_args = {**args, "num_classes": num_classes, "in_chans": in_chans, "img_size": img_size}
 
@@ -69,16 +67,16 @@ class VariantImageTask(ImageClassificationTask):
 
 
 class VariantRunSummary(RunSummary):
-    """:class:`RunSummary` for :class:`VariantImageTask`: the weights carry the timm name, the
-    ``create_model`` arguments and the variant in their metadata."""
+    """:class:`RunSummary` for :class:`VariantImageTask`: the weights carry the timm name and the
+    ``create_model`` arguments (the variant among them, as ``attn``) in their metadata, so
+    :func:`diffzoo.weights.load_exported` rebuilds the model from the file alone."""
 
     def export_weights(
         self, pl_module: pl.LightningModule, out: Path, state_dict: dict[str, Tensor] | None = None
     ) -> dict[str, str]:
-        args = {**pl_module.create_args, "variant": pl_module.hparams["attn"]}
+        args = pl_module.create_args
         state = submodule_state(state_dict, "model.") if state_dict is not None else pl_module.model.state_dict()
         return {"safetensors": str(save_safetensors(state, out / "model.safetensors", pl_module.timm_name, args))}
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
-        return (f"diffzoo.models.variants.build_vit({pl_module.hparams['attn']!r}, ...).load_state_dict("
-                f"safetensors.torch.load_file({path!r}))")
+        return f"diffzoo.weights.load_exported({path!r})"

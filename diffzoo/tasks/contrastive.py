@@ -76,6 +76,8 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         grad_checkpointing: recompute transformer blocks in the backward pass.
         zeroshot_classes_per_batch: classes encoded per text batch when building the classifier.
         retrieval_ks: recall cut-offs.
+        attn: the attention spec of both towers of a diffzoo CLIP (``softmax``, ``diff``, ``diff_nonorm``, ...
+            :mod:`diffzoo.layers.spec`); None keeps the config's (see :func:`diffzoo.models.clip.with_attn`).
     """
 
     def __init__(
@@ -97,19 +99,26 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         zeroshot_classes_per_batch: int = 10,
         retrieval_ks: Sequence[int] = (1, 5, 10),
         init_from: str | None = None,
+        attn: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         import open_clip
 
         check_model_name(model)
+        #: the ``open_clip.create_model`` arguments the model was built with (exported with its weights)
+        self.model_kwargs = dict(model_kwargs or {})
         if init_from is not None:
-            if pretrained or checkpoint or model_kwargs:
+            if pretrained or checkpoint or model_kwargs or attn:
                 raise ValueError("--model.init_from rebuilds the converted model from its folder; leave "
-                                 "--model.pretrained, --model.checkpoint and --model.model_kwargs unset")
+                                 "--model.pretrained, --model.checkpoint, --model.model_kwargs and --model.attn unset")
             self.model = load_converted(init_from, what="--model.init_from", family="open_clip", name=model).train()
         else:
-            self.model = open_clip.create_model(model, pretrained=pretrained, **dict(model_kwargs or {}))
+            if attn is not None:
+                from ..models.clip import with_attn
+
+                self.model_kwargs = with_attn(model, attn, self.model_kwargs)
+            self.model = open_clip.create_model(model, pretrained=pretrained, **self.model_kwargs)
         if checkpoint:
             load_clip_weights(self.model, checkpoint)
         if grad_checkpointing:
@@ -330,7 +339,7 @@ class ClipRunSummary(RunSummary):
     ) -> dict[str, str]:
         weights = submodule_state(state_dict, "model.") if state_dict is not None else pl_module.model.state_dict()
         path = save_safetensors(weights, out / "model.safetensors", pl_module.hparams.get("model"),
-                                dict(pl_module.hparams.get("model_kwargs") or {}))
+                                dict(pl_module.model_kwargs))
         return {"safetensors": str(path)}
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:

@@ -17,7 +17,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from ..models.lm import LM_PRESETS, CausalLM, LMConfig, preset_args
-from ..weights.convert import load_init_from
+from ..weights.convert import converted_lambda_init, load_init_from
 from ..weights.export import export_lm
 from .callbacks import GuardedTraining, RunSummary
 from .init_from import TrainsOnlyFirst, check_train_only
@@ -32,7 +32,8 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
 
     Args:
         model: a preset name of :data:`~diffzoo.models.lm.LM_PRESETS`.
-        attn: ``"diff"``, ``"diff_v2"`` or ``"softmax"``.
+        attn: an attention spec name of :mod:`diffzoo.layers.spec` (``"diff"``, ``"diff_v2"``, ``"softmax"``,
+            ``"softmax_wide"``, ``"diff_nonorm"``, ``"diff_const"``, ``"diff_v2_matched"``).
         vocab_size: tokenizer vocabulary (linked from the DataModule by the recipe).
         model_kwargs: further :class:`~diffzoo.models.lm.LMConfig` fields (``dim``, ``depth``, ...).
         lr: peak learning rate.
@@ -66,7 +67,10 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
         self.save_hyperparameters()
         if model not in LM_PRESETS:
             raise ValueError(f"unknown model preset {model!r}; choose one of {sorted(LM_PRESETS)}")
-        self.config = LMConfig(**preset_args(model, **{"vocab_size": vocab_size, "attn": attn, **(model_kwargs or {})}))
+        args = preset_args(model, **{"vocab_size": vocab_size, "attn": attn, **(model_kwargs or {})})
+        if converted_lambda_init(init_from, args["attn"]) is not None:  # built as converted (not a weight)
+            args.setdefault("lambda_init", converted_lambda_init(init_from, args["attn"]))
+        self.config = LMConfig(**args)
         self.model = CausalLM(self.config)
         if init_from is not None:
             load_init_from(self.model, init_from)

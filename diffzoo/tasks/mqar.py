@@ -3,6 +3,7 @@ named attention variant, trained on the query positions only, scored by exact va
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -12,9 +13,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from ..data.mqar import IGNORE
-from ..models.lm import LMConfig
-from ..models.variants import build_lm
-from ..weights.convert import load_init_from
+from ..models.lm import CausalLM, LMConfig
+from ..weights.convert import converted_lambda_init, load_init_from
 from ..weights.export import save_safetensors
 from ..weights.io import submodule_state
 from .callbacks import GuardedTraining, RunSummary
@@ -36,7 +36,7 @@ class MQARTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.LightningModule
     """Train a causal LM on MQAR (:mod:`diffzoo.data.mqar`).
 
     Args:
-        attn: a variant of :mod:`diffzoo.layers.variants` (``softmax``, ``diff``, ``diff_v2_matched`` ...).
+        attn: an attention spec name of :mod:`diffzoo.layers.spec` (``softmax``, ``diff``, ``diff_v2_matched`` ...).
         vocab_size: key plus value alphabet (linked from the DataModule by the recipe).
         dim, depth, num_heads: the softmax baseline's shape (variants derive theirs from it).
         intermediate_size: SwiGLU width (None: LLaMA's 8/3 ``dim``).
@@ -71,8 +71,9 @@ class MQARTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.LightningModule
         check_train_only(train_only)
         self.save_hyperparameters()
         self.config = LMConfig(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
-                               intermediate_size=intermediate_size, max_seq_len=max_seq_len, attn="softmax")
-        self.model = build_lm(attn, self.config)
+                               intermediate_size=intermediate_size, max_seq_len=max_seq_len, attn=attn,
+                               lambda_init=converted_lambda_init(init_from, attn))  # a converted model's, if any
+        self.model = CausalLM(self.config)
         if init_from is not None:
             load_init_from(self.model, init_from)
         self.val_loss = torch.nn.ModuleList([MeanMetric(), MeanMetric()])
@@ -136,12 +137,11 @@ class MQARRunSummary(RunSummary):
     def export_weights(
         self, pl_module: pl.LightningModule, out: Path, state_dict: dict[str, Tensor] | None = None
     ) -> dict[str, str]:
-        hp = pl_module.hparams
-        args = {k: hp[k] for k in ("attn", "vocab_size", "dim", "depth", "num_heads", "intermediate_size")}
+        args = dataclasses.asdict(pl_module.model.config)  # LMConfig fields: diffzoo.weights.load_lm rebuilds it
         state = submodule_state(state_dict, "model.") if state_dict is not None else dict(pl_module.model.state_dict())
         state.pop("output.weight", None)  # tied to the token embedding (stored once)
         path = save_safetensors(state, out / "model.safetensors", "mqar_lm", args)
         return {"safetensors": str(path)}
 
     def reload_hint(self, pl_module: pl.LightningModule, path: str) -> str:
-        return f"diffzoo.models.variants.build_lm(attn, LMConfig(...)).load_state_dict(safetensors.torch.load_file({path!r}))"
+        return f"diffzoo.weights.load_lm({path!r})"

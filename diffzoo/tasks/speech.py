@@ -29,6 +29,8 @@ class SpeechClassificationTask(ImageClassificationTask):
         grad_checkpointing: recompute block activations in the backward pass.
         init_from, train_only, unfreeze_after: start from a converted model and train only its attention
             layers first, as :class:`ImageClassificationTask`.
+        attn: the attention spec (``softmax``, ``diff``, ``diff_nonorm``, ... :mod:`diffzoo.layers.spec`); None
+            keeps the model name's own (``diff*``: diff, ``soft*``: softmax).
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class SpeechClassificationTask(ImageClassificationTask):
         init_from: str | None = None,
         train_only: str | None = None,
         unfreeze_after: int | None = None,
+        attn: str | None = None,
     ) -> None:
         import diffzoo.models.speech  # noqa: F401  (registers the speech models with timm)
 
@@ -54,7 +57,7 @@ class SpeechClassificationTask(ImageClassificationTask):
             model=model, num_classes=num_classes, in_chans=1, model_kwargs=model_kwargs, lr=lr,
             weight_decay=weight_decay, betas=betas, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
             label_smoothing=label_smoothing, ema_decay=ema_decay, grad_checkpointing=grad_checkpointing,
-            init_from=init_from, train_only=train_only, unfreeze_after=unfreeze_after,
+            init_from=init_from, train_only=train_only, unfreeze_after=unfreeze_after, attn=attn,
         )
 
     skipped_samples = "unusable audio file(s)"

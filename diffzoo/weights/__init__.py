@@ -16,7 +16,7 @@ transformers is imported only inside the functions that need it.
 """
 
 from .clip import check_model_name, checkpoint_model_name, load_clip, load_clip_weights
-from .convert import load_converted, load_init_from, read_converted, save_converted
+from .convert import converted_lambda_init, load_converted, load_init_from, read_converted, save_converted
 from .diffclip import convert_diffclip_state_dict, load_diffclip_checkpoint
 from .export import (
     export_checkpoint,
@@ -47,6 +47,7 @@ __all__ = [
     "check_model_name",
     "checkpoint_model_name",
     "convert_diffclip_state_dict",
+    "converted_lambda_init",
     "export_checkpoint",
     "export_lm",
     "export_module",

@@ -52,11 +52,17 @@ def load_clip(
         checkpoint: a diffzoo Lightning checkpoint, open_clip checkpoint, state dict or safetensors file
             loaded after creation (:func:`load_clip_weights`).
         device: where the model goes.
-        model_kwargs: more ``open_clip.create_model_and_transforms`` arguments.
+        model_kwargs: more ``open_clip.create_model_and_transforms`` arguments (default: those stored in an
+            exported ``checkpoint``'s metadata).
     """
     import open_clip
 
     check_model_name(model)
+    if checkpoint is not None and not model_kwargs and str(checkpoint).endswith(".safetensors"):
+        if "model_args" in safetensors_metadata(checkpoint):  # an export: built as it was trained (e.g. its attn)
+            from .export import read_metadata
+
+            model_kwargs = read_metadata(checkpoint)[1]
     net, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, **model_kwargs)
     if checkpoint is not None:
         load_clip_weights(net, checkpoint)

@@ -43,13 +43,15 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ..hosts.open_clip import OpenClipDiffAttention, OpenClipDiffAttentionV2
 from ..layers.attention import Attention
 from ..layers.diff_attention import DiffAttention, DiffAttentionV2
+from ..layers.spec import VARIANTS, AttnSpec, get_spec
 
 __all__ = [
     "ATTN_KINDS",
@@ -58,6 +60,8 @@ __all__ = [
     "SoftmaxWeights",
     "build_converted",
     "calibrate_sub_norms",
+    "conversion_spec",
+    "converted_lambda_init",
     "convert_lm",
     "convert_open_clip",
     "convert_timm_vit",
@@ -77,13 +81,24 @@ __all__ = [
     "weights_from_timm",
 ]
 
-AttnKind = Literal["diff_v2", "diff"]
-ATTN_KINDS = ("diff_v2", "diff")
+# the attention specs a softmax model converts to: the differential ones that keep the source's shape
+ATTN_KINDS = tuple(n for n, s in VARIANTS.items() if s.differential and s.head_scale == 1.0 and not s.match_params)
 
 
-def _check_kind(attn: str) -> None:
-    if attn not in ATTN_KINDS:
-        raise ValueError(f"attn={attn!r}; a softmax model converts to one of {list(ATTN_KINDS)}")
+def conversion_spec(attn: str | AttnSpec, lambda_init: float | None = None) -> AttnSpec:
+    """The attention spec ``attn`` a conversion builds: a differential spec that keeps the source's head layout
+    and feed-forward (one of :data:`ATTN_KINDS`). V1 gets a constant ``lambda_init``: the one given, else the
+    spec's own constant (``diff_const``: 0.8), else 0.0; V2 has none."""
+    name = attn.name if isinstance(attn, AttnSpec) else attn
+    if name not in ATTN_KINDS:
+        raise ValueError(f"attn={name!r}; a softmax model converts to one of {list(ATTN_KINDS)} "
+                         "(a conversion keeps the source's heads and feed-forward)")
+    spec = get_spec(attn)
+    if spec.kind != "diff":
+        return spec
+    if lambda_init is None:
+        lambda_init = 0.0 if spec.lambda_init is None else spec.lambda_init
+    return spec.with_lambda_init(lambda_init)
 
 
 # -- one attention layer ---------------------------------------------------------------------------
@@ -314,25 +329,26 @@ def calibrate_sub_norms(model: nn.Module, run: Callable[[nn.Module], Any]) -> in
 # -- timm ViT --------------------------------------------------------------------------------------
 def convert_timm_vit(
     model: nn.Module,
-    attn: AttnKind = "diff_v2",
+    attn: str | AttnSpec = "diff_v2",
     *,
-    lambda_init: float = 0.0,
+    lambda_init: float | None = None,
     calibration: Tensor | None = None,
     seed: int = 0,
     inplace: bool = False,
 ) -> nn.Module:
     """timm's ``VisionTransformer`` with every timm ``Attention`` replaced by diffzoo's adapter.
 
-    ``attn="diff_v2"`` gives :class:`diffzoo.models.vit.TimmDiffAttentionV2` layers computing the same
-    function; ``attn="diff"`` gives :class:`diffzoo.models.vit.TimmDiffAttention` layers initialised by
-    :func:`softmax_to_v1_state` with constant ``lambda_init``, their sub-norms calibrated on the image
-    batch ``calibration`` when given. Works for any timm ``vit_*`` and diffzoo's ``softvit_*``.
+    ``attn="diff_v2"`` gives :class:`diffzoo.hosts.timm.TimmDiffAttentionV2` layers computing the same
+    function; ``attn="diff"`` (or ``diff_nonorm`` / ``diff_const``) gives :class:`diffzoo.hosts.timm.TimmDiffAttention`
+    layers initialised by :func:`softmax_to_v1_state` with a constant ``lambda_init`` (see
+    :func:`conversion_spec`), their sub-norms calibrated on the image batch ``calibration`` when given.
+    Works for any timm ``vit_*`` and diffzoo's ``softvit_*``.
     """
     from timm.layers import Attention as TimmAttention
 
-    from ..models.vit import TimmDiffAttention, TimmDiffAttentionV2
+    from ..hosts.timm import TimmDiffAttention, TimmDiffAttentionV2
 
-    _check_kind(attn)
+    spec = conversion_spec(attn, lambda_init)
     model = model if inplace else copy.deepcopy(model)
     gen = torch.Generator().manual_seed(seed)
     found = 0
@@ -343,86 +359,27 @@ def convert_timm_vit(
         w = weights_from_timm(src)
         dim = w.q_weight.shape[1]
         kwargs = dict(_layer_kwargs(w), attn_drop=src.attn_drop.p, proj_drop=src.proj_drop.p)
-        if attn == "diff_v2":
+        if spec.kind == "diff_v2":
             new = load_v2(TimmDiffAttentionV2(dim, w.num_heads, **kwargs), w)
         else:
             depth = int(name.rsplit(".", 1)[-1]) if name.rsplit(".", 1)[-1].isdigit() else found
-            new = load_v1(TimmDiffAttention(dim, w.num_heads, depth=depth, lambda_init=lambda_init, **kwargs), w, gen)
+            new = load_v1(TimmDiffAttention(dim, w.num_heads, depth=depth, lambda_init=spec.lambda_init_at(depth),
+                                            sub_norm=spec.sub_norm, **kwargs), w, gen)
         block.attn = new.to(device=w.q_weight.device, dtype=w.q_weight.dtype)
         found += 1
     if not found:
         raise ValueError(f"{type(model).__name__} holds no timm Attention layer to convert")
-    if attn == "diff" and calibration is not None:
+    if spec.kind == "diff" and spec.sub_norm and calibration is not None:
         calibrate_sub_norms(model, lambda m: m(calibration))
     return model
 
 
 # -- open_clip -------------------------------------------------------------------------------------
-class _MhaCall:
-    """``nn.MultiheadAttention``'s call ``(query, key, value, key_padding_mask, need_weights, attn_mask)``
-    over a diffzoo attention layer: what open_clip's ``ResidualAttentionBlock`` calls.
-
-    Self-attention only (``key`` and ``value`` must be ``query``). Masks follow PyTorch's convention
-    (bool True = masked out, or additive float; ``(L, S)`` or ``(B * num_heads, L, S)`` with the same
-    mask for every head). Returns ``(output, None)``.
-    """
-
-    def __init__(self, dim: int, num_heads: int, *, batch_first: bool = True, **kwargs: Any) -> None:
-        self._build(dim, num_heads, **kwargs)
-        self.batch_first = batch_first
-        self.source_heads = num_heads
-
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        need_weights: bool = False,
-        attn_mask: Tensor | None = None,
-        average_attn_weights: bool = True,
-        is_causal: bool = False,
-    ) -> tuple[Tensor, None]:
-        if (key is not None and key is not query) or (value is not None and value is not query):
-            raise ValueError(f"{type(self).__name__} converts self-attention only; key and value must be the query")
-        x = query if self.batch_first else query.transpose(0, 1)
-        mask = None
-        if attn_mask is not None:
-            mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(x.dtype)
-            if mask.dim() == 3:
-                per_head = mask.reshape(x.shape[0], self.source_heads, *mask.shape[1:])
-                if not bool((per_head == per_head[:, :1]).all()):
-                    raise ValueError("attn_mask differs between heads; differential heads need one mask per sample")
-                mask = per_head[:, :1]
-        causal = bool(is_causal and attn_mask is None)
-        out = super().forward(x, key_padding_mask=key_padding_mask, attn_mask=mask, causal=causal)
-        return (out if self.batch_first else out.transpose(0, 1)), None
-
-
-class OpenClipDiffAttentionV2(_MhaCall, DiffAttentionV2):
-    """:class:`DiffAttentionV2` behind ``nn.MultiheadAttention``'s call (``num_heads`` = the source's)."""
-
-    def _build(self, dim: int, num_heads: int, **kwargs: Any) -> None:
-        DiffAttentionV2.__init__(self, dim, num_heads, **kwargs)
-
-
-class OpenClipDiffAttention(_MhaCall, DiffAttention):
-    """:class:`DiffAttention` (V1) behind ``nn.MultiheadAttention``'s call, in the paper's head layout
-    for an even source head count and half-width heads for an odd one."""
-
-    def _build(self, dim: int, num_heads: int, **kwargs: Any) -> None:
-        from ..layers import diff_heads_for_baseline
-
-        head_dim = None if num_heads % 2 == 0 else dim // (2 * num_heads)
-        h, hkv, d = diff_heads_for_baseline(dim, num_heads, head_dim=head_dim)
-        DiffAttention.__init__(self, dim, h, hkv, d, **kwargs)
-
-
 def convert_open_clip(
     model: nn.Module,
-    attn: AttnKind = "diff_v2",
+    attn: str | AttnSpec = "diff_v2",
     *,
-    lambda_init: float = 0.0,
+    lambda_init: float | None = None,
     calibration: Callable[[nn.Module], Any] | None = None,
     seed: int = 0,
     inplace: bool = False,
@@ -435,7 +392,7 @@ def convert_open_clip(
     """
     from open_clip.transformer import ResidualAttentionBlock
 
-    _check_kind(attn)
+    spec = conversion_spec(attn, lambda_init)
     model = model if inplace else copy.deepcopy(model)
     gen = torch.Generator().manual_seed(seed)
     found = 0
@@ -448,15 +405,16 @@ def convert_open_clip(
         w = weights_from_mha(src)
         dim = w.q_weight.shape[1]
         kwargs = dict(_layer_kwargs(w), attn_drop=src.dropout, batch_first=src.batch_first)
-        if attn == "diff_v2":
+        if spec.kind == "diff_v2":
             new = load_v2(OpenClipDiffAttentionV2(dim, w.num_heads, **kwargs), w)
         else:
-            new = load_v1(OpenClipDiffAttention(dim, w.num_heads, lambda_init=lambda_init, **kwargs), w, gen)
+            new = load_v1(OpenClipDiffAttention(dim, w.num_heads, lambda_init=spec.lambda_init,
+                                                sub_norm=spec.sub_norm, **kwargs), w, gen)
         block.attn = new.to(device=w.q_weight.device, dtype=w.q_weight.dtype)
         found += 1
     if not found:
         raise ValueError(f"{type(model).__name__} holds no open_clip ResidualAttentionBlock to convert")
-    if attn == "diff" and calibration is not None:
+    if spec.kind == "diff" and spec.sub_norm and calibration is not None:
         calibrate_sub_norms(model, calibration)
     return model
 
@@ -464,9 +422,9 @@ def convert_open_clip(
 # -- causal LM -------------------------------------------------------------------------------------
 def convert_lm(
     model: nn.Module,
-    attn: AttnKind = "diff_v2",
+    attn: str | AttnSpec = "diff_v2",
     *,
-    lambda_init: float = 0.0,
+    lambda_init: float | None = None,
     calibration: Tensor | None = None,
     seed: int = 0,
 ) -> nn.Module:
@@ -477,12 +435,10 @@ def convert_lm(
     """
     from ..models.lm import CausalLM
 
-    _check_kind(attn)
+    spec = conversion_spec(attn, lambda_init)
     if not isinstance(model, CausalLM) or model.config.attn != "softmax":
         raise ValueError("convert_lm expects a diffzoo CausalLM with attn='softmax'")
-    changes: dict[str, Any] = {"attn": attn}
-    if attn == "diff":
-        changes["lambda_init"] = float(lambda_init)
+    changes: dict[str, Any] = {"attn": spec.name, "lambda_init": spec.lambda_init}
     target = CausalLM(model.config.replace(**changes))
     ref = next(model.parameters())
     target.to(device=ref.device, dtype=ref.dtype)
@@ -491,11 +447,11 @@ def convert_lm(
     for i, (src, dst) in enumerate(zip(model.blocks, target.blocks)):
         w = weights_from_diffzoo(src.attn)
         layer_state = (
-            softmax_to_v2_state(w) if attn == "diff_v2" else softmax_to_v1_state(w, dst.attn, generator=gen)
+            softmax_to_v2_state(w) if spec.kind == "diff_v2" else softmax_to_v1_state(w, dst.attn, generator=gen)
         )
         state.update({f"blocks.{i}.attn.{k}": v for k, v in layer_state.items()})
     target.load_state_dict(state, strict=True)
-    if attn == "diff" and calibration is not None:
+    if spec.kind == "diff" and spec.sub_norm and calibration is not None:
         calibrate_sub_norms(target, lambda m: m(calibration))
     return target
 
@@ -603,18 +559,12 @@ def read_converted(folder: str | Path, what: str = "") -> tuple[dict[str, Any], 
     return meta, read_weights(weights_path, what=what or str(folder))
 
 
-def _set_lambda_init(model: nn.Module, meta: dict[str, Any]) -> None:
-    """Differential V1 layers get the ``lambda_init`` the conversion fixed (it is not a weight)."""
-    if meta.get("lambda_init") is not None:
-        for m in model.modules():
-            if isinstance(m, DiffAttention):
-                m.lambda_init = float(meta["lambda_init"])
-
-
 def build_converted(meta: dict[str, Any], folder: str | Path = "") -> nn.Module:
     """The architecture ``convert.json``'s content ``meta`` describes, with fresh weights (see
     :func:`load_converted`)."""
     build, attn = meta["build"], meta["attn"]
+    # lambda_init is not a weight: the layers are built with the one the conversion fixed
+    lambda_init = meta.get("lambda_init")
     if meta["family"] == "timm":
         import timm
 
@@ -622,7 +572,7 @@ def build_converted(meta: dict[str, Any], folder: str | Path = "") -> nn.Module:
 
         model = timm.create_model(build["model"], **build["kwargs"])
         if attn != "softmax":  # "softmax": the source written unchanged
-            model = convert_timm_vit(model, attn, inplace=True)
+            model = convert_timm_vit(model, attn, lambda_init=lambda_init, inplace=True)
     elif meta["family"] == "open_clip":
         import open_clip
 
@@ -630,7 +580,7 @@ def build_converted(meta: dict[str, Any], folder: str | Path = "") -> nn.Module:
 
         model = open_clip.create_model(build["model"], pretrained=None, **build["kwargs"])
         if attn != "softmax":
-            model = convert_open_clip(model, attn, inplace=True)
+            model = convert_open_clip(model, attn, lambda_init=lambda_init, inplace=True)
     elif meta["family"] == "lm":
         from ..models.lm import CausalLM, LMConfig
 
@@ -658,7 +608,6 @@ def load_converted(folder: str | Any, what: str = "", family: str | None = None,
         raise ValueError(f"{label} was converted from {source!r}, not {name!r}: name the source model ({source})")
     model = build_converted(meta, folder)
     model.load_state_dict(state, strict=True)
-    _set_lambda_init(model, meta)
     return model.eval()
 
 
@@ -668,7 +617,8 @@ def load_init_from(model: nn.Module, path: str | Path) -> dict[str, Any]:
     A task builds its model as usual and starts it from the converted weights (``--model.init_from``), so
     the model must have the converted architecture (e.g. ``diffvit_nano_patch7_28`` with ``attn: diff_v2``
     for weights converted from ``softvit_nano_patch7_28``); the weights are loaded strictly.
-    Differential V1 layers get the ``lambda_init`` the conversion fixed (it is not a weight).
+    ``lambda_init`` is not a weight: the model must have been built with the one the conversion fixed
+    (:func:`converted_lambda_init`); a model with another one is refused.
 
     Raises:
         FileNotFoundError / ValueError: one line naming the folder and what to change.
@@ -687,6 +637,22 @@ def load_init_from(model: nn.Module, path: str | Path) -> dict[str, Any]:
     if bad:
         raise ValueError(f"--model.init_from {folder}: {bad[0]} has shape {tuple(state[bad[0]].shape)}, "
                          f"the model's is {tuple(model.state_dict()[bad[0]].shape)}; build {hint}")
+    if meta.get("lambda_init") is not None:
+        wrong = [m.lambda_init for m in model.modules()
+                 if isinstance(m, DiffAttention) and m.lambda_init != float(meta["lambda_init"])]
+        if wrong:
+            raise ValueError(f"--model.init_from {folder}: the weights were converted with lambda_init="
+                             f"{meta['lambda_init']}, the model was built with {wrong[0]:.4g}; build it with "
+                             f"lambda_init={meta['lambda_init']}")
     model.load_state_dict(state, strict=True)
-    _set_lambda_init(model, meta)
     return meta
+
+
+def converted_lambda_init(path: str | Path | None, attn: Any = "diff") -> float | None:
+    """The constant ``lambda_init`` the conversion in the folder ``path`` fixed, for a model of the attention
+    spec ``attn`` (None: no folder, none fixed, or ``attn`` is not differential V1, whose weights then do
+    not fit anyway). A task passes it to its model's constructor, so the model is built as the converted one."""
+    if path is None or get_spec(attn).kind != "diff":
+        return None
+    value = read_converted(Path(path), what="--model.init_from")[0].get("lambda_init")
+    return None if value is None else float(value)

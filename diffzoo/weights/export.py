@@ -40,6 +40,8 @@ PathLike = str | os.PathLike
 
 def _model_args(hparams: dict[str, Any]) -> dict[str, Any]:
     args = dict(hparams.get("model_kwargs") or {})
+    if hparams.get("attn") is not None:  # the task's --model.attn (the attention spec's name)
+        args["attn"] = hparams["attn"]
     for key in ("num_classes", "in_chans", "img_size"):
         if hparams.get(key) is not None:
             args.setdefault(key, hparams[key])
@@ -134,6 +136,19 @@ def safetensors_metadata(path: PathLike) -> dict[str, str]:
         raise ValueError(f"{path} is not a safetensors file ({e}); diffzoo exports weights as .safetensors") from None
 
 
+def _read_former_variant(args: dict[str, Any]) -> None:
+    """Exports of earlier versions stored a study variant as ``variant`` beside arguments that already held
+    its head count and feed-forward width; the variant's other settings (lambda rule, sub-norm) become
+    ``attn``."""
+    from ..layers.spec import get_spec
+
+    variant = args.pop("variant", None)
+    if variant is not None:
+        spec = get_spec(variant)
+        if spec.head_scale == 1.0 and not spec.match_params:
+            args["attn"] = spec.name
+
+
 def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
     """Rebuild an exported model with ``timm.create_model(..., pretrained_cfg_overlay=dict(file=path))``.
 
@@ -144,6 +159,7 @@ def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
     from .. import models  # noqa: F401  (registers diffvit_* / softvit_* / the speech models with timm)
 
     name, args = read_metadata(path)
+    _read_former_variant(args)
     stored_classes = args.get("num_classes")
     args.update(overrides)
     # timm keeps the saved classifier only when the cfg's num_classes equals the model's.
@@ -168,7 +184,7 @@ def export_lm(task: nn.Module, path: Any, state_dict: dict[str, Tensor] | None =
 
 
 def load_lm(path: Any) -> CausalLM:
-    """Rebuild a :class:`CausalLM` from a file written by :func:`export_lm`.
+    """Rebuild a :class:`CausalLM` from a file written by :func:`export_lm` (or by the MQAR task's export).
 
     Raises ``ValueError`` (one line) for a file that is not such an export: not safetensors, no diffzoo
     metadata, or the weights of another model family (e.g. a ViT export).
@@ -179,7 +195,7 @@ def load_lm(path: Any) -> CausalLM:
                          "that python -m recipes.lm (export_lm) writes")
     name, args = read_metadata(path)
     fields = {f.name for f in dataclasses.fields(LMConfig)} | set(LM_RENAMED)  # older exports use the former names
-    if name not in LM_PRESETS or not set(args) <= fields:
+    if name not in (*LM_PRESETS, "mqar_lm") or not set(args) <= fields:
         raise ValueError(
             f"{path} holds a {name!r} model, not a diffzoo language model; pass a model.safetensors written by "
             f"python -m recipes.lm (presets: {', '.join(sorted(LM_PRESETS))})"
