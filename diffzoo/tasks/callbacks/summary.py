@@ -4,6 +4,7 @@ and print what the headline number measures."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,9 @@ class RunSummary(pl.Callback):
             "monitor": self.monitor,
             "monitor_description": description,
             "metrics": metrics,
+            # what a CPU result depends on besides the code: the seed and the number of torch threads
+            "seed": int(os.environ["PL_GLOBAL_SEED"]) if os.environ.get("PL_GLOBAL_SEED", "").isdigit() else None,
+            "torch_threads": torch.get_num_threads(),
             "last_checkpoint": getattr(ckpt, "last_model_path", None) or None,
             "best_checkpoint": getattr(ckpt, "best_model_path", None) or None,
             "log_dir": str(out),
@@ -147,6 +151,8 @@ class RunSummary(pl.Callback):
         self.summary = summary
         _flush_loggers(trainer)
         lines = [self.headline(metrics.get(self.monitor), description)]
+        lines.append(f"run: seed {summary['seed']}, {summary['torch_threads']} torch threads (on a CPU another thread "
+                     "count gives another number)")
         if summary["best_checkpoint"] and summary["best_checkpoint"] != summary["last_checkpoint"]:
             lines.append(f"best checkpoint: {summary['best_checkpoint']}")
         if summary["last_checkpoint"]:
