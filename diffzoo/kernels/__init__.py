@@ -21,7 +21,7 @@ import os
 import torch
 from torch import Tensor
 
-from ._masks import as_lambda, check_dropout_p
+from ._masks import as_lambda, check_dropout_p, scalar_lambda_refusal
 from .blockwise import diff_attention_blockwise
 from .reference import attention_maps, attention_reference, diff_attention_maps, diff_attention_reference
 from .registry import (
@@ -161,9 +161,7 @@ def _sdpa_unsupported(call: Call) -> str | None:
 
 
 def _blockwise_unsupported(call: Call) -> str | None:
-    if call.lam is not None and call.lam.numel() != 1:
-        return f"lambda of shape {tuple(call.lam.shape)}: the blockwise backend takes one scalar lambda per call"
-    return None
+    return scalar_lambda_refusal(call.lam, "blockwise")
 
 
 def _loaded(fn):

@@ -35,6 +35,13 @@ def as_lambda(lam: Tensor | float, q: Tensor) -> Tensor:
     return torch.tensor(float(lam), dtype=torch.float32, device=q.device)
 
 
+def scalar_lambda_refusal(lam: Tensor | None, backend: str) -> str | None:
+    """Why a backend that folds one lambda into its kernel cannot take ``lam`` (one per head or token)."""
+    if lam is not None and lam.numel() != 1:
+        return f"lambda of shape {tuple(lam.shape)}: the {backend} backend takes one scalar lambda per call"
+    return None
+
+
 def check_attention_inputs(
     q: Tensor,
     k: Tensor,

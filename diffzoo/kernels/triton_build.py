@@ -21,6 +21,7 @@ triton was imported. ``python -m benchmarks.kernels --static`` prints the report
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -177,26 +178,15 @@ def capture_launches(d: int, problem: Problem = Problem(), config: dict[str, td.
     try:
         forced = {kind: (64, 64, 4, 1) for kind in td.KERNELS}  # every launch forced: no device is asked
         forced.update(config or {})
-        with _forced(forced):
+        with contextlib.ExitStack() as stack:
+            for kind, cfg in forced.items():
+                stack.enter_context(td.forced_config(kind, cfg))
             out, parts, lse = td._forward_impl(q, k, v, lam, None, None, p.causal, d**-0.5, True, deterministic)
             td._backward_impl(torch.zeros_like(out), q, k, v, lam, None, None, parts, lse, p.causal, d**-0.5,
                               deterministic)
     finally:
         td._run_kernel = saved
     return captured
-
-
-class _forced:
-    def __init__(self, configs: dict[str, td.Config]):
-        self.stack = [td.forced_config(kind, cfg) for kind, cfg in configs.items()]
-
-    def __enter__(self):
-        for cm in self.stack:
-            cm.__enter__()
-
-    def __exit__(self, *exc):
-        for cm in reversed(self.stack):
-            cm.__exit__(*exc)
 
 
 # --------------------------------------------------------------------------------------------------

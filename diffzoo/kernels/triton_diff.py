@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._masks import check_attention_inputs
+from ._masks import check_attention_inputs, scalar_lambda_refusal
 from .registry import Call
 
 __all__ = ["diff_attention_triton", "unsupported"]
@@ -899,8 +899,9 @@ def _refusal(
         return "attention dropout is not implemented in the fused kernel"
     if q.dtype not in _DTYPES:
         return f"dtype {q.dtype} is not supported (float16, bfloat16 or float32)"
-    if lam is not None and lam.numel() != 1:
-        return f"lambda of shape {tuple(lam.shape)}: the fused kernel takes one scalar lambda per call"
+    reason = scalar_lambda_refusal(lam, "triton")
+    if reason is not None:
+        return reason
     if _INTERPRETER_BROKEN:
         return (
             "TRITON_INTERPRET=1 was set after triton had been imported (torch.compile imports it); "
