@@ -2,9 +2,11 @@
 
 With no arguments, trains ``DiffCLIP-nano`` on the embedded default (coloured MNIST digits captioned
 "a red seven on a blue background", some colour pairs held out of training) in a few minutes on 2 CPU
-cores, scoring held-out-pair zero-shot top-1/top-5 and seen-pair retrieval R@1/5/10 every epoch, and saves
-checkpoints, ``summary.json`` and ``model.safetensors`` (the open_clip state dict) under
-``outputs/clip/version_N/``.
+cores, scoring held-out-pair zero-shot top-1/top-5 and seen-pair retrieval R@1/5/10 on validation digits
+every epoch, and saves checkpoints, ``summary.json`` and ``model.safetensors`` (the open_clip state dict)
+under ``outputs/clip/version_N/``. After training it scores the test digits (held-out colour pairs, images
+used by neither training nor validation) by zero-shot and retrieval and adds ``test/*`` to ``summary.json``;
+``--test_after_fit false`` skips that (shard data has no test split of its own and is never scored so).
 
     python -m recipes.clip                                          # embedded digits (configs/clip_digits.yaml)
     python -m recipes.clip --model.model SoftCLIP-nano --seed_everything 1
@@ -30,7 +32,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from diffzoo.data.image_text import clip_image_settings
 from diffzoo.tasks.contrastive import ClipRunSummary, ContrastiveTask
-from recipes._cli import add_run_callbacks, launch
+from recipes._cli import TestAfterFit, add_run_callbacks, launch
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "clip_digits.yaml"
@@ -45,13 +47,15 @@ MODEL_INPUTS: dict[str, Callable[[ContrastiveTask], Any]] = {
 }
 
 
-class ClipCLI(LightningCLI):
-    """LightningCLI handing the model's input settings to the data, with checkpoint / summary callbacks always on."""
+class ClipCLI(TestAfterFit, LightningCLI):
+    """LightningCLI handing the model's input settings to the data, with checkpoint / summary callbacks always on
+    and a final test when the data has a test split of its own (the coloured digits)."""
 
     def add_arguments_to_parser(self, parser) -> None:
         for name, read in MODEL_INPUTS.items():
             parser.link_arguments("model", f"data.init_args.{name}", compute_fn=read, apply_on="instantiate")
         add_run_callbacks(parser, ClipRunSummary, monitor="val/zs_top1", mode="max")
+        self.add_test_after_fit(parser)
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> ClipCLI:

@@ -283,7 +283,7 @@ def _zero_batch_modules(tmp: Path) -> list[tuple[str, Callable[[], object], str]
                                            **{**common, "num_workers": 4}),
          "2 per DataLoader worker (4 workers"),
         ("coloured digits", lambda: ColoredDigitsDataModule(tokenizer=tokenizer, limit=60, num_val=10, num_test=10,
-                                                            batch_size=64, colorings=1), "coloured digits)"),
+                                                            num_val_heldout=10, batch_size=64, colorings=1), "coloured digits)"),
     ]
 
 

@@ -39,7 +39,7 @@ def register_tiny_clip(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def splits() -> dict:
-    return it.colored_digit_splits(num_val=60, num_test=120, colorings=2, seed=0, limit=480)
+    return it.colored_digit_splits(num_val=60, num_test=120, colorings=2, seed=0, limit=540, num_val_heldout=60)
 
 
 # -- coloured digits ------------------------------------------------------------------------------
@@ -78,6 +78,7 @@ def test_heldout_pairs_never_in_training(splits) -> None:
     pairs = {k: set(zip(v["fg"].tolist(), v["bg"].tolist())) for k, v in splits.items()}
     assert pairs["train"].isdisjoint(held) and pairs["val"].isdisjoint(held)
     assert pairs["test"] <= held and len(pairs["test"]) == len(held) == 6
+    assert pairs["val_heldout"] <= held and len(pairs["val_heldout"]) == 6
     assert {(b, f) for f, b in held} <= pairs["train"]  # the swapped pairs are trained on
     assert len(pairs["train"]) == 24  # every seen pair is used
     assert len(splits["train"]["images"]) == 2 * 300 and len(splits["test"]["images"]) == 120
@@ -87,8 +88,33 @@ def test_heldout_pairs_never_in_training(splits) -> None:
                 for i in range(len(split["images"]))}
     s = {k: strokes(v) for k, v in splits.items()}
     assert s["train"].isdisjoint(s["test"]) and s["val"].isdisjoint(s["test"])
-    again = it.colored_digit_splits(num_val=60, num_test=120, colorings=2, seed=0, limit=480)
+    assert s["val_heldout"].isdisjoint(s["test"]) and s["val_heldout"].isdisjoint(s["train"])
+    again = it.colored_digit_splits(num_val=60, num_test=120, colorings=2, seed=0, limit=540, num_val_heldout=60)
     assert torch.equal(again["test"]["images"], splits["test"]["images"])
+
+
+def test_the_four_splits_are_disjoint_mnist_images_and_val_heldout_comes_out_of_training() -> None:
+    grey, labels = load_mnist_5k()
+    full = it.colored_digit_splits()  # the defaults: 1,000 test, 500 val, 500 val-heldout, 3,000 train
+    sizes = {k: len(v["index"]) for k, v in full.items()}
+    assert sizes == {"test": 1000, "val": 500, "val_heldout": 500, "train": 3000}
+    sets = {k: set(v["index"].tolist()) for k, v in full.items()}
+    assert all(len(sets[k]) == sizes[k] for k in sets)  # one colouring: no image twice within a split
+    names = list(sets)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert sets[a].isdisjoint(sets[b]), (a, b)
+    assert set().union(*sets.values()) == set(range(len(grey)))  # every digit image is used once
+    for split in full.values():  # the index names the MNIST image that was drawn
+        assert torch.equal(split["digits"], labels[split["index"]])
+    # num_test / num_val keep their meaning: test and val are the same images in the same colours with
+    # or without a val-heldout split; the val-heldout images are taken from the training images
+    none = it.colored_digit_splits(num_val_heldout=0)
+    for k in ("test", "val"):
+        assert torch.equal(none[k]["index"], full[k]["index"]) and torch.equal(none[k]["images"], full[k]["images"])
+    assert sets["val_heldout"] | sets["train"] == set(none["train"]["index"].tolist()) and not len(none["val_heldout"]["index"])
+    with pytest.raises(ValueError, match="num_val_heldout=300 leave no training digits out of 400"):
+        it.colored_digit_splits(num_val=50, num_test=50, limit=400, num_val_heldout=300)
 
 
 def test_dataset_targets_and_transforms(splits) -> None:
@@ -112,25 +138,73 @@ def test_dataset_targets_and_transforms(splits) -> None:
         it.ColoredDigits(**splits["val"])
 
 
+def _stroke_maps(images: torch.Tensor) -> set[bytes]:
+    """Each image's stroke map (pixels unlike the corner, the background), cropped to its ink: the MNIST image
+    it was drawn from, whatever its colours and offset on the canvas."""
+    out = set()
+    for img in images:
+        ink = (img - img[:, :1, :1]).abs().amax(0) > 1e-6
+        rows, cols = ink.any(1).nonzero().flatten(), ink.any(0).nonzero().flatten()
+        crop = ink[int(rows[0]) : int(rows[-1]) + 1, int(cols[0]) : int(cols[-1]) + 1]
+        out.add(bytes(crop.numpy()) + bytes(str(tuple(crop.shape)), "ascii"))
+    return out
+
+
 def test_datamodule_batches_and_hard_negatives(tmp_path: Path) -> None:
     import open_clip
 
     tokenizer = open_clip.get_tokenizer(register_tiny_clip(tmp_path))
-    dm = it.ColoredDigitsDataModule(tokenizer=tokenizer, image_size=32, batch_size=32, limit=400, num_val=50,
-                                    num_test=100, colorings=1)
+    dm = it.ColoredDigitsDataModule(tokenizer=tokenizer, image_size=32, batch_size=32, limit=450, num_val=50,
+                                    num_test=100, num_val_heldout=60, colorings=1)
     assert "tokenizer" not in dm.hparams  # an object: kept out of hyper-parameters and checkpoints
+    assert dm.has_test_split
     dm.setup("fit")
     x, tok = next(iter(dm.train_dataloader()))
     assert x.shape == (32, 3, 32, 32) and tok.shape == (32, 16) and tok.dtype == torch.long
-    val, test = dm.val_dataloader()
-    xv, yv = next(iter(test))
-    assert yv.dim() == 1 and len(dm.zeroshot_classnames) == 300
+    assert len(dm.train_set) == 240
     held = {(it.COLOR_NAMES[f], it.COLOR_NAMES[b]) for f, b in it.heldout_pairs()}
-    for label in yv.tolist():
+
+    def batches(loader) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = zip(*loader)
+        return torch.cat(xs), torch.cat(ys)
+
+    # validation: seen-pair retrieval on the val images, held-out-pair zero-shot on the val-heldout images
+    (val_x, val_tok), (vh_x, vh_y) = (batches(loader) for loader in dm.val_dataloader())
+    assert val_tok.shape == (50, 16) and vh_y.shape == (60,) and len(dm.zeroshot_classnames) == 300
+    for label in vh_y.tolist():
         words = dm.zeroshot_classnames[label].split()
         assert (words[0], words[4]) in held
         swapped = dm.zeroshot_classnames[int(dm.zeroshot_hard_negative[label])].split()
         assert (swapped[0], swapped[1], swapped[4]) == (words[4], words[1], words[0])
+    seen_captions = {c for c in dm.val_set.captions}
+    assert all((c.split()[1], c.split()[5]) not in held for c in seen_captions)
+
+    # test: the same held-out-pair test images twice, with their captions' tokens and with their labels
+    (t_x, t_tok), (tl_x, t_y) = (batches(loader) for loader in dm.test_dataloader())
+    assert t_tok.shape == (100, 16) and t_y.shape == (100,) and torch.equal(t_x, tl_x)
+    names = ["a " + dm.zeroshot_classnames[y] for y in t_y.tolist()]
+    assert torch.equal(t_tok, tokenizer(names))  # each image's tokens are its own caption's
+    assert all((n.split()[1], n.split()[5]) in held for n in names)
+    assert len({(n.split()[1], n.split()[5]) for n in names}) == 6
+    assert t_y.tolist() == dm.test_set.labels.tolist()
+
+    # no validation image is a test image: by MNIST index and by the digit strokes the loaders give
+    test_index = set(dm.test_set.index.tolist())
+    for ds in (dm.val_set, dm.val_heldout_set, dm.train_set):
+        assert test_index.isdisjoint(ds.index.tolist())
+    assert set(dm.val_set.index.tolist()).isdisjoint(dm.val_heldout_set.index.tolist())
+    test_strokes = _stroke_maps(t_x)
+    assert len(test_strokes) > 95  # distinct MNIST images give distinct stroke maps (a few may coincide)
+    assert _stroke_maps(val_x).isdisjoint(test_strokes) and _stroke_maps(vh_x).isdisjoint(test_strokes)
+    # ... which would catch one: the test images drawn again in seen colours are found
+    assert _stroke_maps(batches(dm._eval_loader(it.ColoredDigits(
+        dm.test_set.images[:5].flip(1), dm.test_set.digits[:5], dm.test_set.fg[:5], dm.test_set.bg[:5],
+        transform=dm.test_set.transform, target="label")))[0]) <= test_strokes
+
+    # predict: the test images, zero-shot
+    px, py = batches(dm.predict_dataloader())
+    assert torch.equal(px, t_x) and torch.equal(py, t_y)
+    assert not it.ColoredDigitsDataModule(tokenizer=tokenizer, num_test=0).has_test_split
 
 
 # -- shards ---------------------------------------------------------------------------------------
@@ -227,14 +301,15 @@ def test_image_text_datamodules_take_the_model_inputs_and_name_a_missing_tokeniz
     size, mean, std = it.clip_image_settings(model)
     assert size == 32 and mean == tuple(open_clip.OPENAI_DATASET_MEAN) and std == tuple(open_clip.OPENAI_DATASET_STD)
     dm = it.ColoredDigitsDataModule(tokenizer=open_clip.get_tokenizer(TINY_CLIP), image_size=40, mean=(0.5,) * 3,
-                                    std=(0.25,) * 3, batch_size=8, limit=100, num_val=10, num_test=10)
+                                    std=(0.25,) * 3, batch_size=8, limit=100, num_val=10, num_test=10,
+                                    num_val_heldout=10)
     dm.setup("fit")
     x, _ = dm.train_set[0]
     raw = dm.train_set.images[0].float()[None] / 255
     expected = torch.nn.functional.interpolate(raw, size=(40, 40), mode="bicubic", align_corners=False)[0].clamp(0, 1)
     torch.testing.assert_close(x, (expected - 0.5) / 0.25)
     with pytest.raises(ValueError, match="ColoredDigitsDataModule needs the model's tokenizer"):
-        it.ColoredDigitsDataModule(limit=100, num_val=10, num_test=10).setup("fit")
+        it.ColoredDigitsDataModule(limit=100, num_val=10, num_test=10, num_val_heldout=10).setup("fit")
     shards = it.write_image_text_shards(_pairs(2), tmp_path / "t-%d.tar")
     with pytest.raises(ValueError, match="ImageTextShardDataModule needs the model's tokenizer"):
         it.ImageTextShardDataModule(shards, train_samples=2).setup("fit")

@@ -37,9 +37,10 @@ model:
 data:
   class_path: diffzoo.data.image_text.ColoredDigitsDataModule
   init_args:
-    limit: 350
+    limit: 400
     num_val: 50
     num_test: 100
+    num_val_heldout: 50
     batch_size: 50
     colorings: 1
 {QUIET_CPU_TRAINER}
@@ -64,6 +65,12 @@ def test_fit_resume_and_zeroshot_of_the_checkpoint(tiny: str, tmp_path: Path, mo
     for key in ("val/zs_top1", "val/zs_top5", "val/zs_pair", "val/i2t_r1", "val/i2t_r10", "val/t2i_r5", "val/loss"):
         assert 0.0 <= m[key] <= (1.0 if key != "val/loss" else 10.0), key
     assert m["val/zs_top5"] >= m["val/zs_top1"] and m["val/i2t_r10"] >= m["val/i2t_r1"]
+    # the test split, scored after fit with the final weights: zero-shot and retrieval on held-out pairs
+    recalls = [m[f"test/{d}_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10)]
+    assert m["test/mean_recall"] == pytest.approx(sum(recalls) / 6, abs=1e-6)
+    assert 0.0 <= m["test/zs_top1"] <= m["test/zs_top5"] <= 1.0 and 0.0 <= m["test/zs_pair"] <= 1.0
+    # 100 test images over at most 60 distinct held-out-pair captions: R@10 over the merged captions
+    assert m["test/i2t_r10"] >= m["test/i2t_r1"] and 0.0 <= m["test/t2i_r1"] <= 1.0
     assert float(straight.model.model.logit_scale.detach()) <= np.log(100) + 1e-6
 
     # the same 2-epoch run, stopped after its first epoch (as if killed), then resumed
@@ -94,9 +101,10 @@ def test_fit_resume_and_zeroshot_of_the_checkpoint(tiny: str, tmp_path: Path, mo
                                  "--templates", "simple", "--no-progress", "--out", str(tmp_path / "zs.json")])
     assert report["model"] == tiny and json.loads((tmp_path / "zs.json").read_text())["results"] == report["results"]
     emb, fol = report["results"]["embedded"], report["results"]["folder"]
-    # the same 100 held-out digits in the same colours as the run's validation: the same score
-    assert emb["zs_n"] == 100 and emb["zs_top1"] == pytest.approx(m["val/zs_top1"], abs=1e-6)
-    assert emb["zs_pair"] == pytest.approx(m["val/zs_pair"], abs=1e-6)
+    # the same 100 held-out-pair test digits in the same colours as the run's test: the same score (the last
+    # checkpoint holds the final weights, which the test after fit scored)
+    assert emb["zs_n"] == 100 and emb["zs_top1"] == pytest.approx(m["test/zs_top1"], abs=1e-6)
+    assert emb["zs_pair"] == pytest.approx(m["test/zs_pair"], abs=1e-6)
     assert fol["classes"] == 3 and fol["n"] == 6 and fol["top5"] == 1.0  # top-5 of 3 classes always holds
     exported = clip_zeroshot.main(["--checkpoint", summary["safetensors"], "--embedded", "--limit", "100",
                                    "--no-progress", "--out", str(tmp_path / "zs2.json")])
@@ -151,6 +159,7 @@ def test_shard_config_trains_and_scores_folder_and_shards(tiny: str, tmp_path: P
     # 3 distinct captions among 6 val pairs, merged: recall@10 over 3 texts always finds the caption
     assert float(m["val/i2t_r10"]) == 1.0 and 0 <= float(m["val/t2i_r1"]) <= 1
     assert cli.datamodule.zeroshot_classnames == ["blue", "green", "red"]
+    assert not any(k.startswith("test/") for k in m)  # shards have no test split: no test after fit
 
 
 def test_print_config_shows_the_default(capsys) -> None:

@@ -115,17 +115,24 @@ def test_clip_test_and_predict(tmp_path: Path, monkeypatch) -> None:
     cfg = str(clip_config(tmp_path / "c.yaml", tiny))
     fit = clip_recipe.cli_main(["fit", "--config", cfg, "--trainer.max_epochs", "1"])
     summary = json.loads(Path(fit.trainer.log_dir, "summary.json").read_text())
-    assert summary["monitor_description"].startswith("300-class zero-shot validation top-1 on 100 coloured")
+    # model selection on the 50 held-out-pair validation digits, the test after fit on the 100 test digits
+    assert summary["monitor_description"].startswith("300-class zero-shot validation top-1 on 50 coloured")
+    describe = fit.model.describe_metric
+    assert describe("test/zs_top1", fit.datamodule) == "300-class zero-shot test top-1 on 100 coloured MNIST digits"
+    assert describe("test/i2t_r1", fit.datamodule).endswith("test retrieval recall@1 over 100 coloured MNIST digits pairs")
+    assert describe("val/t2i_r5", fit.datamodule).endswith("validation retrieval recall@5 over 50 coloured MNIST digits pairs")
+    m = summary["metrics"]
     ckpt = summary["last_checkpoint"]
     test = clip_recipe.cli_main(["test", "--config", cfg, "--ckpt_path", ckpt])
-    assert test.trainer.callback_metrics["test/zs_top1"] == pytest.approx(summary["metrics"]["val/zs_top1"])
-    assert "test/i2t_r1" in test.trainer.callback_metrics
+    for key in ("test/zs_top1", "test/zs_pair", "test/i2t_r1", "test/t2i_r1", "test/mean_recall"):
+        assert float(test.trainer.callback_metrics[key]) == pytest.approx(m[key], abs=1e-6), key
     pred = clip_recipe.cli_main(["predict", "--config", cfg, "--ckpt_path", ckpt])
     rows = _rows(Path(pred.trainer.log_dir) / "predictions.csv")
     names = pred.datamodule.zeroshot_classnames
     assert len(rows) == 100 and all(names[int(r["prediction"])] == r["class_name"] for r in rows)
+    assert [int(r["label"]) for r in rows] == pred.datamodule.test_set.labels.tolist()
     accuracy = sum(r["prediction"] == r["label"] for r in rows) / len(rows)
-    assert accuracy == pytest.approx(summary["metrics"]["val/zs_top1"], abs=1e-6)
+    assert accuracy == pytest.approx(m["test/zs_top1"], abs=1e-6)
 
 
 # -- fast_dev_run ------------------------------------------------------------------------------

@@ -37,6 +37,10 @@ from .resume import RestoresRNG
 MAX_LOGIT_SCALE = math.log(100.0)
 # Parameter names (substrings) trained without weight decay, besides every parameter with < 2 dims.
 NO_DECAY_NAMES = ("bias", "logit_scale", "logit_bias", "embedding", "norm", "ln_", "bn")
+# The DataModule attributes holding what each stage's zero-shot and retrieval scores are measured on (for the
+# metric descriptions); the first one a DataModule has is used.
+ZEROSHOT_SETS = {"val": ("val_heldout_set", "zeroshot_set"), "test": ("test_set", "zeroshot_set")}
+PAIR_SETS = {"val": ("val_set",), "test": ("test_pairs_set", "val_set")}
 
 
 def split_clip_output(out: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -54,6 +58,7 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
     ``(images, labels)`` (scored zero-shot against the DataModule's ``zeroshot_classnames`` and
     ``zeroshot_templates``; ``zeroshot_hard_negative`` adds ``val/zs_pair``). Logged: ``val/zs_top1``,
     ``val/zs_top5``, ``val/zs_pair``, ``val/i2t_r{1,5,10}``, ``val/t2i_r{1,5,10}``, ``val/mean_recall``.
+    Test loaders are told apart the same way and their scores logged as ``test/*``.
 
     Args:
         model: open_clip model name.
@@ -287,12 +292,12 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         data = getattr(datamodule, "data_name", None)
         if name.startswith("zs_top"):
             n = len(getattr(datamodule, "zeroshot_classnames", None) or [])
-            zs_set = getattr(datamodule, "zeroshot_set", None)
-            zs_set = zs_set if zs_set is not None else getattr(datamodule, "test_set", None)
+            zs_set = _first_set(datamodule, ZEROSHOT_SETS.get(stage, ()))
             return f"{n}-class zero-shot {split} top-{name[6:]}{count_of(zs_set, data or 'images')}"
         if name[:5] in ("i2t_r", "t2i_r"):
             what = "image-to-text" if name.startswith("i2t") else "text-to-image"
-            pairs = count_of(getattr(datamodule, "val_set", None), f"{data or 'image-text'} pairs", "over")
+            pair_set = _first_set(datamodule, PAIR_SETS.get(stage, ()))
+            pairs = count_of(pair_set, f"{data or 'image-text'} pairs", "over")
             return f"{what} {split} retrieval recall@{name[5:]}{pairs}"
         return None
 
@@ -318,6 +323,15 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         warmup = hp.warmup_steps if hp.warmup_steps is not None else epochs_to_steps(self.trainer, hp.warmup_epochs)
         return adamw_warmup_cosine(self.param_groups(), self.trainer, lr=hp.lr, betas=hp.betas, eps=hp.eps,
                                    warmup_steps=warmup, min_lr_ratio=hp.min_lr_ratio)
+
+
+def _first_set(datamodule: Any, names: Sequence[str]) -> Any:
+    """The first of the attributes ``names`` that ``datamodule`` has and that is not None, else None."""
+    for name in names:
+        dataset = getattr(datamodule, name, None)
+        if dataset is not None:
+            return dataset
+    return None
 
 
 class ClipRunSummary(RunSummary):

@@ -97,6 +97,8 @@ class ColoredDigits(Dataset):
         tokenizer: a callable ``list[str] -> (n, context_length)`` token tensor (open_clip's tokenizers).
         target: ``"tokens"``, ``"label"`` or ``"caption"``.
         as_pil: hand ``transform`` a PIL image instead of a tensor.
+        index: ``(N,)`` the MNIST image each item was drawn from (:func:`colored_digit_splits`), kept as
+            :attr:`index`; None when unknown.
     """
 
     def __init__(
@@ -109,6 +111,7 @@ class ColoredDigits(Dataset):
         tokenizer: Callable | None = None,
         target: str = "tokens",
         as_pil: bool = False,
+        index: Tensor | None = None,
     ) -> None:
         if target not in ("tokens", "label", "caption"):
             raise ValueError(f"target={target!r}; expected 'tokens', 'label' or 'caption'")
@@ -116,12 +119,12 @@ class ColoredDigits(Dataset):
             raise ValueError("target='tokens' needs a tokenizer (e.g. open_clip.get_tokenizer(model_name))")
         if as_pil and transform is None:
             raise ValueError("as_pil=True needs a transform that turns the PIL image into a tensor")
-        self.images, self.digits, self.fg, self.bg = images, digits, fg, bg
+        self.images, self.digits, self.fg, self.bg, self.index = images, digits, fg, bg, index
         self.transform = transform if transform is not None else ToFloatTensor()
         self.target, self.as_pil = target, as_pil
         self.captions = [caption(d, f, b) for d, f, b in zip(digits.tolist(), fg.tolist(), bg.tolist())]
-        _, index = digit_classes()
-        self.labels = torch.tensor([index[k] for k in zip(digits.tolist(), fg.tolist(), bg.tolist())], dtype=torch.long)
+        _, class_index = digit_classes()
+        self.labels = torch.tensor([class_index[k] for k in zip(digits.tolist(), fg.tolist(), bg.tolist())], dtype=torch.long)
         self.tokens: Tensor | None = None
         if tokenizer is not None:  # few distinct captions: tokenise each once
             unique = sorted(set(self.captions))
@@ -151,28 +154,38 @@ def colored_digit_splits(
     size: int = 32,
     seed: int = 0,
     limit: int | None = None,
+    num_val_heldout: int = 500,
 ) -> dict[str, dict[str, Tensor]]:
     """Render the coloured-digit splits (deterministic for a given ``seed``).
 
-    The MNIST images are split into disjoint train / val / test sets. Train (``colorings`` colourings of
-    each digit image) and val (one colouring) use only the seen ``(fg, bg)`` pairs; test uses only the
-    :func:`heldout_pairs`. Each digit lands at a random offset on the ``size`` x ``size`` canvas.
+    The MNIST images (shuffled by ``seed``, the first ``limit`` of them) are split into four disjoint sets,
+    in this order: ``num_test`` test, ``num_val`` val, ``num_val_heldout`` val-heldout images, and the rest
+    for training. Train (``colorings`` colourings of each digit image) and val (one colouring) use only the
+    seen ``(fg, bg)`` pairs; test and val-heldout use only the :func:`heldout_pairs`. Each digit lands at a
+    random offset on the ``size`` x ``size`` canvas. Test and val are the same images in the same colours
+    whatever ``num_val_heldout`` is: the val-heldout images come out of the training images.
 
     Returns:
-        ``{"train"|"val"|"test": {"images": uint8 (N, 3, size, size), "digits", "fg", "bg": (N,)}}``.
+        ``{"train"|"val"|"val_heldout"|"test": {"images": uint8 (N, 3, size, size), "digits", "fg", "bg": (N,),
+        "index": (N,) the MNIST image index}}``.
     """
     if size < 28:
         raise ValueError(f"size={size}: the 28x28 digits need a canvas of at least 28 pixels")
     if colorings < 1:
         raise ValueError(f"colorings={colorings} must be at least 1")
+    if min(num_val, num_test, num_val_heldout) < 0:
+        raise ValueError(f"num_val={num_val}, num_test={num_test}, num_val_heldout={num_val_heldout} must not be negative")
     grey, labels = load_mnist_5k()
     perm = torch.randperm(len(grey), generator=torch.Generator().manual_seed(seed))
     if limit is not None:
         perm = perm[:limit]
     n = len(perm)
-    if num_val + num_test >= n:
-        raise ValueError(f"num_val={num_val} + num_test={num_test} leave no training digits out of {n}")
-    idx = {"test": perm[:num_test], "val": perm[num_test : num_test + num_val], "train": perm[num_test + num_val :]}
+    held_out = num_test + num_val + num_val_heldout
+    if held_out >= n:
+        raise ValueError(f"num_test={num_test} + num_val={num_val} + num_val_heldout={num_val_heldout} leave no "
+                         f"training digits out of {n}")
+    a, b = num_test, num_test + num_val
+    idx = {"test": perm[:a], "val": perm[a:b], "val_heldout": perm[b:held_out], "train": perm[held_out:]}
     held = torch.tensor(heldout_pairs())
     seen = torch.tensor([p for p in color_pairs() if p not in heldout_pairs()])
 
@@ -184,8 +197,10 @@ def colored_digit_splits(
 
     out = {}
     for split, which in idx.items():
-        tags = [0] if split == "test" else range(1, 1 + (colorings if split == "train" else 1))
-        parts = [tuple(t[which] for t in coloring(held if split == "test" else seen, tag)) for tag in tags]
+        heldout_split = split in ("test", "val_heldout")
+        # held-out pairs: colouring 0 (test and val-heldout never share an image); seen pairs: colourings 1, 2, ...
+        tags = [0] if heldout_split else range(1, 1 + (colorings if split == "train" else 1))
+        parts = [tuple(t[which] for t in coloring(held if heldout_split else seen, tag)) for tag in tags]
         choice, offsets = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         which = which.repeat(len(parts))
         fg, bg = choice[:, 0].contiguous(), choice[:, 1].contiguous()
@@ -194,6 +209,7 @@ def colored_digit_splits(
             "digits": labels[which].clone(),
             "fg": fg,
             "bg": bg,
+            "index": which.clone(),
         }
     return out
 
@@ -201,11 +217,17 @@ def colored_digit_splits(
 class ColoredDigitsDataModule(pl.LightningDataModule):
     """The embedded default for CLIP: coloured MNIST digits with captions and held-out colour pairs.
 
-    Batches: training and the first validation loader give ``(images, tokens)`` (retrieval on seen
-    combinations); the second validation loader gives ``(images, labels)`` over the held-out pairs, to be
-    scored zero-shot against :attr:`zeroshot_classnames` with :attr:`zeroshot_templates`.
-    :attr:`zeroshot_hard_negative` maps each class to its colour-swapped class (binding test).
-    ``test`` scores the same two loaders; ``predict`` classifies the held-out-pair images zero-shot.
+    The digit images are split four ways without overlap (:func:`colored_digit_splits`): ``num_test`` test
+    images and ``num_val_heldout`` validation images drawn in the held-out colour pairs, ``num_val``
+    validation images and the training images in the seen pairs. Model selection therefore never looks at
+    a test image, and the test scores are on colour pairs and digit images that training never showed.
+
+    Batches: training gives ``(images, tokens)``. Validation has two loaders: ``(images, tokens)`` of the
+    seen-pair validation images (retrieval, identical captions merged) and ``(images, labels)`` of the
+    held-out-pair validation images (zero-shot against :attr:`zeroshot_classnames` with
+    :attr:`zeroshot_templates`). Test has two loaders over the held-out-pair test images: ``(images,
+    tokens)`` (retrieval) and ``(images, labels)`` (zero-shot). :attr:`zeroshot_hard_negative` maps each
+    class to its colour-swapped class (binding test). ``predict`` classifies the test images zero-shot.
 
     The model's input settings are passed in (``recipes.clip`` hands over its model's): the tokenizer, the
     input size and the normalisation (:func:`~diffzoo.data.image_text.inputs.clip_image_settings`).
@@ -219,9 +241,11 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         seed: seed of the training order.
         split_seed: seed of the split and the colouring (kept fixed across runs being compared).
         num_val: digit images of the seen-pair validation split (retrieval).
-        num_test: digit images of the held-out-pair zero-shot split.
+        num_test: digit images of the held-out-pair test split (retrieval and zero-shot).
         colorings: colourings of each training digit image (a fixed, larger training set).
         limit: use only ``limit`` digit images (tests).
+        num_val_heldout: digit images of the held-out-pair validation split (zero-shot; the model selection
+            metric ``val/zs_top1``), taken out of the training images.
     """
 
     def __init__(
@@ -238,6 +262,7 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         num_test: int = 1000,
         colorings: int = 1,
         limit: int | None = None,
+        num_val_heldout: int = 500,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer"])  # an object: not in hyper-parameters or checkpoints
@@ -247,8 +272,10 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         self.zeroshot_hard_negative = torch.tensor([index[(d, b, f)] for (d, f, b) in index], dtype=torch.long)
         self.data_name = "coloured MNIST digits"
         self.train_set: ColoredDigits | None = None
-        self.val_set: ColoredDigits | None = None
-        self.test_set: ColoredDigits | None = None
+        self.val_set: ColoredDigits | None = None  # seen pairs, (images, tokens)
+        self.val_heldout_set: ColoredDigits | None = None  # held-out pairs, (images, labels)
+        self.test_set: ColoredDigits | None = None  # held-out pairs, (images, labels)
+        self.test_pairs_set: ColoredDigits | None = None  # the test images, (images, tokens)
         self.num_bad = 0
 
     def setup(self, stage: str | None = None) -> None:
@@ -257,10 +284,13 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         require_tokenizer(self.tokenizer, "ColoredDigitsDataModule")
         hp, tokenizer = self.hparams, self.tokenizer
         transform = ToFloatTensor(hp.image_size, hp.mean, hp.std)
-        splits = colored_digit_splits(hp.num_val, hp.num_test, hp.colorings, 32, hp.split_seed, hp.limit)
+        splits = colored_digit_splits(hp.num_val, hp.num_test, hp.colorings, 32, hp.split_seed, hp.limit,
+                                      num_val_heldout=hp.num_val_heldout)
         self.train_set = ColoredDigits(**splits["train"], transform=transform, tokenizer=tokenizer)
         self.val_set = ColoredDigits(**splits["val"], transform=transform, tokenizer=tokenizer)
+        self.val_heldout_set = ColoredDigits(**splits["val_heldout"], transform=transform, target="label")
         self.test_set = ColoredDigits(**splits["test"], transform=transform, target="label")
+        self.test_pairs_set = ColoredDigits(**splits["test"], transform=transform, tokenizer=tokenizer)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
@@ -270,15 +300,23 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         )
         return check_train_loader(loader, f"the training split ({len(self.train_set)} coloured digits)")
 
-    def val_dataloader(self) -> list[DataLoader]:
-        hp = self.hparams
-        return [
-            DataLoader(self.val_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers),
-            DataLoader(self.test_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers),
-        ]
+    @property
+    def has_test_split(self) -> bool:
+        """Whether ``test`` scores digit images of its own (``num_test > 0``), apart from training and
+        validation; ``recipes.clip`` then scores them after ``fit`` (``recipes._cli.TestAfterFit``)."""
+        return self.hparams.num_test > 0
 
-    test_dataloader = val_dataloader
+    def _eval_loader(self, dataset: ColoredDigits | None) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(dataset, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        """Seen-pair retrieval on the val images, held-out-pair zero-shot on the val-heldout images."""
+        return [self._eval_loader(self.val_set), self._eval_loader(self.val_heldout_set)]
+
+    def test_dataloader(self) -> list[DataLoader]:
+        """Held-out-pair retrieval and held-out-pair zero-shot, both on the test images."""
+        return [self._eval_loader(self.test_pairs_set), self._eval_loader(self.test_set)]
 
     def predict_dataloader(self) -> DataLoader:
-        hp = self.hparams
-        return DataLoader(self.test_set, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
+        return self._eval_loader(self.test_set)

@@ -159,6 +159,10 @@ class ImageTextShardDataModule(pl.LightningDataModule):
     ``test`` scores the validation loaders; ``predict`` classifies the zero-shot folder.
     """
 
+    #: ``test`` scores the validation loaders again, so a recipe does not run it after ``fit``
+    #: (``recipes._cli.TestAfterFit``)
+    has_test_split = False
+
     def __init__(
         self,
         train_shards: str | list[str],
