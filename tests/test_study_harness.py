@@ -320,7 +320,7 @@ def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "train_run", _fake_run(values))
     out = tmp_path / "sw"
     res = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "1e-3", "3e-3", "6e-3",
-                      "--seeds", "2", "--final-seeds", "3", "--out", str(out)])
+                      "--seeds", "2", "--final-seeds", "3", "--out", str(out), "--extend", "0"])
     # 6e-3 diverged for both, so it never wins despite the higher value
     assert res["best"]["softmax"]["lr"] == 3e-3 and res["best"]["diff"]["lr"] == 1e-3
     soft, diff = res["final"]["rows"]
@@ -369,7 +369,7 @@ def test_sweep_refuses_to_mix_set_ups_and_takes_lrs_from_another_sweep(tmp_path,
     values = {("softmax", 1e-3): 0.5, ("softmax", 3e-3): 0.6, ("diff", 1e-3): 0.7, ("diff", 3e-3): 0.65}
     calls = []
     monkeypatch.setattr(sweep, "train_run", lambda *a, **k: calls.append(a) or _fake_run(values)(*a, **k))
-    base = ["--family", "mqar", "--variants", "softmax", "diff", "--seeds", "1", "--final-seeds", "1"]
+    base = ["--family", "mqar", "--variants", "softmax", "diff", "--seeds", "1", "--final-seeds", "1", "--extend", "0"]
     first = tmp_path / "first"
     sweep.main([*base, "--lrs", "1e-3", "3e-3", "--out", str(first)])
     # the same folder with another data argument: its cached runs have the same names, so it is refused
@@ -398,8 +398,8 @@ def test_sweep_rejects_unknown_variant_and_knob(tmp_path, capsys):
     from diffzoo.study import sweep
 
     with pytest.raises(SystemExit):
-        sweep.main(["--family", "vit", "--variants", "diff_v2", "--out", str(tmp_path)])
-    assert "family vit accepts softmax, diff" in capsys.readouterr().err
+        sweep.main(["--family", "vit", "--variants", "bogus", "--out", str(tmp_path)])
+    assert "--variants bogus: family vit accepts softmax" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         sweep.main(["--family", "mqar", "--knob", "data.k", "--values", "1", "--out", str(tmp_path)])
     assert "data.num_pairs" in capsys.readouterr().err

@@ -112,6 +112,8 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
         limit_train: use only the first ``limit_train`` training digits (None: all; smoke runs).
         shuffle_labels: permute the training labels once (from ``seed``), a control: validation and test keep
             their true labels, so a model trained this way measures the metric's floor.
+        score_test: score the test set beside the validation set at every validation (False: the test
+            set is never looked at during fit; a study's learning-rate grid runs this way).
     """
 
     num_classes = 10
@@ -119,8 +121,9 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
 
     def __init__(self, k: int = 4, canvas: int = 64, fragment: int = 12, num_val: int = 500, num_test: int = 1000,
                  batch_size: int = 64, num_workers: int = 0, seed: int = 0, limit_train: int | None = None,
-                 align: int = 1, shuffle_labels: bool = False) -> None:
+                 align: int = 1, shuffle_labels: bool = False, score_test: bool = True) -> None:
         super().__init__()
+        self.score_test = score_test
         if k < 0:
             raise ValueError(f"k={k} distractor fragments must be >= 0")
         if canvas < 28:
@@ -160,8 +163,8 @@ class ClutteredDigitsDataModule(pl.LightningDataModule):
         return DataLoader(self.eval_sets[name], batch_size=256, num_workers=self.num_workers)
 
     def val_dataloader(self) -> list[DataLoader]:
-        """The validation set (model selection) and the test set (reported), evaluated together."""
-        return [self._loader("val"), self._loader("test")]
+        """The validation set (model selection) and, with ``score_test``, the test set (reported)."""
+        return [self._loader("val"), self._loader("test")] if self.score_test else [self._loader("val")]
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")

@@ -152,13 +152,16 @@ class MQARDataModule(pl.LightningDataModule):
         steps_per_epoch: training batches per epoch (each epoch draws new sequences).
         num_val, num_test: sizes of the fixed validation and test sets.
         seed: seed of the training stream (validation and test use seeds of their own, fixed).
+        score_test: score the test set beside the validation set at every validation (False: the test
+            set is never looked at during fit; a study's learning-rate grid runs this way).
     """
 
     def __init__(self, num_pairs: int = 4, num_queries: int | None = None, filler: int = 0,
                  seq_len: int | None = None, key_vocab: int = 64, value_vocab: int = 64, batch_size: int = 64,
                  steps_per_epoch: int = 100, num_val: int = 1000, num_test: int = 1000, seed: int = 0,
-                 query_replacement: bool = False) -> None:
+                 query_replacement: bool = False, score_test: bool = True) -> None:
         super().__init__()
+        self.score_test = score_test
         self.spec = MQARSpec(num_pairs, num_queries, filler, seq_len, key_vocab, value_vocab, query_replacement)
         if batch_size < 1 or steps_per_epoch < 1 or num_val < 1 or num_test < 1:
             raise ValueError("batch_size, steps_per_epoch, num_val and num_test must be >= 1")
@@ -186,8 +189,8 @@ class MQARDataModule(pl.LightningDataModule):
                           batch_size=None)
 
     def val_dataloader(self) -> list[DataLoader]:
-        """The validation set (model selection) and the test set (reported), evaluated together."""
-        return [self._loader("val"), self._loader("test")]
+        """The validation set (model selection) and, with ``score_test``, the test set (reported)."""
+        return [self._loader("val"), self._loader("test")] if self.score_test else [self._loader("val")]
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .recipe import Budget
 
 # Arguments every run gets from the recipes without a built-in gradient-norm monitor.
 MONITOR = ("--trainer.callbacks+=diffzoo.tasks.monitor.GradNormMonitor",)
@@ -31,6 +33,9 @@ class Family:
     knobs: tuple[str, ...] = ()
     chance: float | None = None  # the metric of uniform guessing, when it is known in closed form
     base_args: tuple[str, ...] = ()  # recipe arguments every run of the family gets, before the variant's
+    budget: Budget | None = None  # the study's budget; None: the recipe config's own optimisation settings
+    no_test_args: tuple[str, ...] = ("--test_after_fit", "false")  # grid runs: the test set is never scored
+    sizes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # size name -> arguments (the size trend)
 
     @property
     def config(self) -> Path:
@@ -62,34 +67,42 @@ def _plain_seed(s: int) -> list[str]:
 
 _LIMITS = ("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
            "--trainer.log_every_n_steps", "1")
+_MAIN = ("softmax", "diff", "diff_v2_matched")  # the variants of the headline table, on every family
 FAMILIES: dict[str, Family] = {
     "vit": Family(
-        "recipes.vit_imagenet", {"softmax": ("--model.model", "softvit_nano_patch7_28"),
-                                 "diff": ("--model.model", "diffvit_nano_patch7_28")},
-        "val/top1", "test/top1", "top-1 %, embedded digits (1,000 held out for test)", "vit_digits.yaml",
-        _data_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), chance=0.1,
-        base_args=("--data.init_args.num_test", "1000")),
+        "recipes.vit_imagenet", attn_variants(_variant_names()), "val/top1", "test/top1",
+        "top-1 %, embedded digits (1,000 held out for test)", "vit_digits.yaml", _data_seed,
+        _LIMITS + ("--trainer.limit_test_batches", "2"), chance=0.1, default_variants=_MAIN,
+        base_args=("--model.model", "softvit_nano_patch7_28", "--data.init_args.num_test", "1000"),
+        budget=Budget(epochs=40)),
     "clip": Family(
-        "recipes.clip", {"softmax": ("--model.model", "SoftCLIP-nano"), "diff": ("--model.model", "DiffCLIP-nano")},
-        "val/zs_top1", None, "zero-shot top-1 %, coloured digits", "clip_digits.yaml", _data_seed, _LIMITS),
+        "recipes.clip", attn_variants(_variant_names()), "val/zs_top1", "test/zs_top1",
+        "zero-shot top-1 %, coloured digits, held-out colour pairs", "clip_digits.yaml", _data_seed,
+        _LIMITS + ("--trainer.limit_test_batches", "2"), default_variants=_MAIN,
+        base_args=("--model.model", "SoftCLIP-nano"), budget=Budget(epochs=20)),
     "speech": Family(
-        "recipes.speech_commands", {"softmax": ("--model.model", "softkwt_nano"),
-                                    "diff": ("--model.model", "diffkwt_nano")},
-        "val/top1", "test/top1", "top-1 %, synthesised keywords", "speech_synth.yaml", _data_seed,
-        _LIMITS + ("--trainer.limit_test_batches", "2"), knobs=("data.init_args.snr_fixed_db",), chance=1 / 12),
+        "recipes.speech_commands", attn_variants(_variant_names()), "val/top1", "test/top1",
+        "top-1 %, synthesised keywords", "speech_synth.yaml", _data_seed,
+        _LIMITS + ("--trainer.limit_test_batches", "2"), knobs=("data.init_args.snr_fixed_db",), chance=1 / 12,
+        default_variants=_MAIN, base_args=("--model.model", "softkwt_nano"), budget=Budget(epochs=40)),
     "lm": Family(
-        "recipes.lm", attn_variants(("softmax", "diff", "diff_v2")), "val/loss", "test/loss",
-        "loss (nats/byte), pydoc text, lm_nano, 500 steps", "lm_pydoc.yaml", _plain_seed,
-        _LIMITS + ("--trainer.limit_test_batches", "2"), higher_is_better=False, scale=1.0,
-        base_args=("--model.model", "lm_nano", "--data.test_windows", "64", "--trainer.max_epochs", "5")),
+        "recipes.lm", attn_variants(_variant_names()), "val/loss", "test/loss",
+        "loss (nats/byte), pydoc text, lm_tiny, 128-byte windows, no needle contexts", "lm_pydoc.yaml",
+        _plain_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), higher_is_better=False, scale=1.0,
+        default_variants=_MAIN,
+        base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0",
+                   "--data.test_windows", "128", "--data.val_windows", "128"),
+        budget=Budget(epochs=20, steps_per_epoch=100)),
     "mqar": Family(
         "recipes.mqar", attn_variants(_variant_names()), "val/acc", "test/acc", "query accuracy %, MQAR",
-        "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(),
-        knobs=("data.num_pairs", "data.filler", "data.seq_len"), chance=1 / 64),
+        "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(), default_variants=_MAIN,
+        knobs=("data.num_pairs", "data.filler", "data.seq_len"), chance=1 / 64,
+        budget=Budget(epochs=10, steps_per_epoch=100), no_test_args=("--data.score_test", "false")),
     "cluttered": Family(
         "recipes.cluttered_digits", attn_variants(_variant_names()), "val/top1", "test/top1",
         "top-1 %, cluttered digits", "cluttered_digits.yaml", _plain_seed, ("--quick",), monitor_args=(),
-        knobs=("data.k", "data.canvas"), chance=0.1),
+        knobs=("data.k", "data.canvas"), chance=0.1, default_variants=_MAIN, budget=Budget(epochs=30),
+        no_test_args=("--data.score_test", "false")),
 }
 
 

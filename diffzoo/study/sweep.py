@@ -42,6 +42,7 @@ from typing import Any
 
 from .families import FAMILIES, Family, lr_tag, metric_value, run_name
 from .plots import plot_curves, plot_knob
+from .recipe import recipe_args
 from .runs import last_logged, latest_log_dir, read_divergence, read_run, recipe_command, run_jobs, train
 from .tables import (
     ablation_rows,
@@ -53,16 +54,22 @@ from .tables import (
     comparisons_note,
     divergence_text,
     grid_text,
+    plateau_text,
+    run_plateau,
     stats_table,
 )
+
+FINAL_SEED = 100  # seeds of final runs start here; the grid's (0, 1, ...) never score the test set
 
 
 def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, quick: bool, extra: Sequence[str],
               knob: tuple[str, str] | None = None) -> dict:
     """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health."""
     name = run_name(variant, lr, seed, knob)
-    args = [*family.base_args, *family.variants[variant], "--model.lr", lr_tag(lr), *family.seed_args(seed),
-            *family.monitor_args, *(family.quick if quick else ()), *(("--" + knob[0], knob[1]) if knob else ()), *extra]
+    args = [*family.base_args, *(recipe_args(family.budget) if family.budget else ()), *family.variants[variant],
+            "--model.lr", lr_tag(lr), *family.seed_args(seed), *family.monitor_args,
+            *(family.no_test_args if seed < FINAL_SEED else ()), *(family.quick if quick else ()),
+            *(("--" + knob[0], knob[1]) if knob else ()), *extra]
     runs = out / "runs"
     record: dict[str, Any] = {"name": name, "variant": variant, "lr": lr, "seed": seed,
                               "knob": list(knob) if knob else None}
@@ -74,6 +81,7 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
         # a run that diverged stops with an error on purpose (and writes its divergence record): not a failure
         diverged = read_divergence(runs / name)
         record.update(failed=None if diverged else str(e), diverged=diverged, summary={}, curves={})
+    record["plateau"] = run_plateau(family, record)
     v = metric_value(record, family.val_metric)
     if not record.get("failed") and not math.isfinite(v) and record["diverged"] is None:
         record["diverged"] = {"what": family.val_metric, "value": str(v)}
@@ -98,6 +106,26 @@ def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Se
 
     run_jobs(todo, one, parallel, store)
     return [cache[run_name(*j)] for j in jobs]
+
+
+def extend_grid(best: dict[str, dict], lrs_of: dict[str, list[float]], base: Sequence[float],
+                limit: int) -> dict[str, float]:
+    """For every variant whose best lr is at an edge of its grid, add the next lr beyond that edge to
+    ``lrs_of`` (a factor of the grid's smallest step), unless the variant already has ``limit`` lrs beyond
+    the ``base`` grid; the lrs added, by variant."""
+    grown = {}
+    for v, b in best.items():
+        lrs = lrs_of[v]
+        if b["lr"] is None or len(lrs) < 2 or sum(1 for lr in lrs if lr not in base) >= limit:
+            continue
+        step = min(hi / lo for lo, hi in zip(lrs, lrs[1:]))
+        if b["lr"] == lrs[0]:
+            grown[v] = float(f"{lrs[0] / step:.3g}")
+        elif b["lr"] == lrs[-1] and not b["by_lr"][lrs[-1]]["diverged"]:
+            grown[v] = float(f"{lrs[-1] * step:.3g}")
+        if v in grown:
+            lrs_of[v] = sorted({*lrs, grown[v]})
+    return grown
 
 
 def score_untrained(family: Family, out: Path, variant: str, seed: int, quick: bool, extra: Sequence[str]) -> dict:
@@ -126,7 +154,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--variants", nargs="+", default=None, help="variants (default: softmax diff)")
     p.add_argument("--reference", default="softmax", help="the variant every other one is compared with")
     p.add_argument("--lrs", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3, 6e-3])
-    p.add_argument("--seeds", type=int, default=2, help="seeds per (variant, lr) of the grid")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per (variant, lr) of the grid")
+    p.add_argument("--extend", type=int, default=2, metavar="N",
+                   help="rounds of grid extension: a variant whose best lr is the smallest or largest of its grid "
+                        "gets the next lr beyond it (factor of the grid's step), up to N times")
     p.add_argument("--final-seeds", type=int, default=5, help="seeds of the final runs at the best lr")
     p.add_argument("--jobs", type=int, default=1, help="trainings at once (one process each)")
     p.add_argument("--knob", default=None, help="a data argument to sweep (mqar: data.num_pairs, data.filler, "
@@ -139,6 +170,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lrs-from", type=Path, default=None, metavar="RESULTS",
                    help="with --knob: each variant's lr from the results.json of another sweep (default: this --out's)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/sweep/<family>)")
+    p.add_argument("--results", type=Path, default=None, metavar="JSON",
+                   help="the records file (default <out>/results.json); a file kept in version control lets "
+                        "another machine or session resume the sweep: runs recorded there are not trained again")
     args, extra = p.parse_known_args(argv)
 
     family = FAMILIES[args.family]
@@ -154,22 +188,30 @@ def main(argv: list[str] | None = None) -> dict:
             p.error("--knob needs --values")
     out = args.out or Path("outputs/sweep") / args.family
     out.mkdir(parents=True, exist_ok=True)
-    results_path = out / "results.json"
+    results_path = args.results or out / "results.json"
+    results_path.parent.mkdir(parents=True, exist_ok=True)
     results = _load(results_path)
     cache: dict[str, dict] = {} if args.fresh else dict(results.get("runs", {}))
-    made_with = {"extra": results.get("extra", []), "quick": results.get("quick", False)}
-    wanted = {"extra": list(extra), "quick": args.quick}
+    fixed = [*family.base_args, *(recipe_args(family.budget) if family.budget else ())]
+    made_with = {"extra": results.get("extra", []), "quick": results.get("quick", False),
+                 "fixed": results.get("fixed", fixed)}
+    wanted = {"extra": list(extra), "quick": args.quick, "fixed": fixed}
     if cache and not args.chance and made_with != wanted:
         # runs are cached by name (variant, lr, seed, knob): reusing them would mix two set-ups in one table
+        fixed_words = ("" if made_with["fixed"] == wanted["fixed"] else
+                       f" (the family's fixed arguments were {' '.join(made_with['fixed'])}, now "
+                       f"{' '.join(wanted['fixed'])})")
         p.error(f"{results_path} holds {len(cache)} runs trained with {_setup_words(made_with)}, not "
-                f"{_setup_words(wanted)}; give another --out (--lrs-from {results_path} takes its tuned lrs) "
-                "or --fresh to retrain them")
+                f"{_setup_words(wanted)}{fixed_words}; give another --out (--lrs-from {results_path} takes its "
+                "tuned lrs) or --fresh to retrain them")
     if not args.chance:
-        results.update(family=args.family, recipe=family.recipe, extra=list(extra), quick=args.quick)
+        results.update(family=args.family, recipe=family.recipe, extra=list(extra), quick=args.quick, fixed=fixed)
 
     def save() -> None:
         results["runs"] = cache
-        results_path.write_text(json.dumps(results, indent=1))
+        tmp = results_path.with_name(results_path.name + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(results_path)  # a run killed while saving leaves the previous records whole
 
     digits = 2 if family.scale != 1.0 else 3
     start = time.time()
@@ -194,7 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
             if lrs[v] is None:
                 p.error(f"no best lr of {v} in {args.lrs_from or results_path}; run the sweep first or give one "
                         "value to --lrs")
-        jobs = [(v, lrs[v], 100 + s, (args.knob, str(x))) for x in args.values for v in variants
+        jobs = [(v, lrs[v], FINAL_SEED + s, (args.knob, str(x))) for x in args.values for v in variants
                 for s in range(args.final_seeds)]
         reuse_final_runs(jobs, cache, config_value(family.config, args.knob))  # the cache's set-up was checked above
         runs = run_all(jobs, family, out, args.quick, extra, args.jobs, cache, save)
@@ -208,16 +250,24 @@ def main(argv: list[str] | None = None) -> dict:
         (out / "knob.md").write_text(text + "\n")
         texts.append(text + f"\n\nplot: {out / 'knob.png'}")
     else:
-        grid_jobs = [(v, lr, s) for v in variants for lr in args.lrs for s in range(args.seeds)]
-        grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save)
-        best = best_lrs(family, grid)
+        lrs_of = {v: sorted(set(args.lrs) | set((results.get("grid_lrs") or {}).get(v, ()))) for v in variants}
+        while True:  # ends: each variant gets at most --extend lrs beyond --lrs
+            grid_jobs = [(v, lr, s) for v in variants for lr in lrs_of[v] for s in range(args.seeds)]
+            grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save)
+            best = best_lrs(family, grid)
+            grown = {} if args.quick else extend_grid(best, lrs_of, args.lrs, args.extend)
+            results["grid_lrs"] = lrs_of
+            if not grown:
+                break
+            print("best lr at the grid's edge, grid extended: "
+                  + ", ".join(f"{v} + {lr_tag(lr)}" for v, lr in grown.items()), flush=True)
         results["best"] = best
         save()
-        final_jobs = [(v, best[v]["lr"], 100 + s) for v in variants if best[v]["lr"] is not None
+        final_jobs = [(v, best[v]["lr"], FINAL_SEED + s) for v in variants if best[v]["lr"] is not None
                       for s in range(args.final_seeds)]
         final = run_all(final_jobs, family, out, args.quick, extra, args.jobs, cache, save)
         metric = family.test_metric or family.val_metric
-        text = grid_text(family, best, args.lrs, digits) + "\n\n"
+        text = grid_text(family, best, sorted({lr for v in variants for lr in lrs_of[v]}), digits) + "\n\n"
         if final:
             rows = comparison_rows(family, final, reference, metric)
             results["final"] = {"metric": metric, "rows": rows, "runs": [r["name"] for r in final]}
@@ -225,6 +275,7 @@ def main(argv: list[str] | None = None) -> dict:
                      + ("" if family.test_metric else ", validation: this task has no test split")
                      + f", seeds 100-{99 + args.final_seeds})\n\n" + stats_table(rows, reference, digits) + "\n\n"
                      + comparisons_note(rows))
+            text += "\n\n" + plateau_text(family, final)
             ablations = ablation_rows(family, final, metric)
             if ablations:
                 results["final"]["ablations"] = ablations

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..stats import compare, holm
 from .families import Family, lr_tag, metric_value
+from .recipe import PLATEAU_ABS, PLATEAU_TAIL, PLATEAU_TOL, plateau
 
 
 def _score(family: Family, values: list[float]) -> float:
@@ -202,3 +203,24 @@ def divergence_text(runs: list[dict]) -> str:
     return f"Divergences / failures ({len(bad)} of {len(runs)} runs): " + "; ".join(
         f"{r['name']} ({'failed' if r.get('failed') else 'diverged at step ' + str(r['diverged'].get('step', '?'))})"
         for r in bad)
+
+
+def run_plateau(family: Family, run: dict) -> dict | None:
+    """:func:`~diffzoo.study.recipe.plateau` of a run's validation curve, as a dict (None: too few points)."""
+    curve = (run.get("curves") or {}).get(family.val_metric) or []
+    found = plateau(curve, family.higher_is_better, bounded=family.scale != 1.0)
+    return found.as_dict() if found else None
+
+
+def plateau_text(family: Family, runs: list[dict]) -> str:
+    """How many of each variant's runs had flattened by the end (the study's plateau rule)."""
+    parts = []
+    for v in dict.fromkeys(r["variant"] for r in runs):
+        found = [run_plateau(family, r) for r in runs if r["variant"] == v]
+        flat = sum(1 for f in found if f and f["flat"])
+        gains = [f["gain"] * family.scale for f in found if f]
+        gain = f", mean gain over the tail {statistics.mean(gains):+.3g}" if gains else ""
+        parts.append(f"{v} {flat}/{len(found)}{gain}")
+    return (f"Plateau (validation {family.val_metric} improved by less than {100 * PLATEAU_TOL:g} % of its value, "
+            + (f"or {100 * PLATEAU_ABS:g} points, " if family.scale != 1.0 else "")
+            + f"over the last {100 * PLATEAU_TAIL:g} % of the steps): " + "; ".join(parts) + ".")

@@ -37,6 +37,7 @@ class VariantImageTask(ImageClassificationTask):
         img_size: int | None = 64,
         lr: float = 1e-3,
         weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
         warmup_epochs: float = 1.0,
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
@@ -45,7 +46,7 @@ class VariantImageTask(ImageClassificationTask):
         name, args = vit_create_args(attn, size, patch_size=patch_size)
         super().__init__(
             model=name, num_classes=num_classes, in_chans=in_chans, img_size=img_size, model_kwargs=args, lr=lr,
-            weight_decay=weight_decay, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
+            weight_decay=weight_decay, betas=betas, warmup_epochs=warmup_epochs, min_lr_ratio=min_lr_ratio,
             label_smoothing=label_smoothing, **kwargs,
         )
         self.timm_name = name

@@ -1,0 +1,148 @@
+"""The study's one recipe, its plateau rule, grid extension, records that resume across sessions, and the
+headline table with one Holm correction over the whole study. The science is not tested here, the
+pipeline is."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from diffzoo.stats import holm
+from diffzoo.study import plan, sweep
+from diffzoo.study.families import FAMILIES, run_name
+from diffzoo.study.recipe import RECIPE, Budget, lr_grid, plateau, recipe_args
+
+
+def test_plateau_rule_on_rising_flat_and_loss_curves():
+    steps = range(100, 1100, 100)
+    # the tail starts at step 820: its start is the mean of the evaluations at 700 and 800, its end the
+    # mean of the last two (900, 1000)
+    rising = [[s, 0.3 + 0.05 * i] for i, s in enumerate(steps)]
+    found = plateau(rising, higher_is_better=True)
+    assert found is not None and not found.flat and found.start == pytest.approx(0.625)
+    assert found.end == pytest.approx(0.725) and found.gain == pytest.approx(0.1)
+    flat = [[s, 0.8 + 0.002 * i] for i, s in enumerate(steps)]  # +0.3 points: under both thresholds
+    assert plateau(flat, higher_is_better=True).flat
+    worse = [[s, 0.8 - 0.01 * i] for i, s in enumerate(steps)]  # got worse over the tail: flat
+    assert plateau(worse, higher_is_better=True).flat
+    loss = [[s, 2.0 - 0.05 * i] for i, s in enumerate(steps)]  # a loss falling 0.1 = 6 % of its value
+    found = plateau(loss, higher_is_better=False)
+    assert not found.flat and found.relative == pytest.approx(0.1 / 1.675)
+    slow = [[s, 2.0 - 0.005 * i] for i, s in enumerate(steps)]  # 0.01 = 0.5 %: flat
+    assert plateau(slow, higher_is_better=False).flat
+    # an unbounded metric is judged relative only: a gain of 0.012 on 0.539 is 2.2 %
+    assert not plateau([[s, 0.5 + 0.006 * i] for i, s in enumerate(steps)], True, bounded=False).flat
+    assert plateau([[1, 0.1], [2, 0.2], [3, 0.3]], True) is None  # too few evaluations to say
+
+
+def test_recipe_arguments_state_one_rule_for_every_family():
+    epochs = recipe_args(Budget(epochs=40))
+    steps = recipe_args(Budget(epochs=20, steps_per_epoch=100))
+    assert epochs[epochs.index("--model.warmup_epochs") + 1] == "2"  # 5 % of 40 epochs
+    assert steps[steps.index("--model.warmup_steps") + 1] == "100"  # 5 % of 2,000 steps
+    for args in (epochs, steps):
+        assert args[args.index("--trainer.gradient_clip_val") + 1] == f"{RECIPE.grad_clip:g}"
+        assert args[args.index("--model.weight_decay") + 1] == f"{RECIPE.weight_decay:g}"
+        assert args[args.index("--model.min_lr_ratio") + 1] == f"{RECIPE.min_lr_ratio:g}"
+    for name, family in FAMILIES.items():
+        assert family.budget is not None, f"{name} has no study budget"
+        assert {"softmax", "diff", "diff_v2_matched"} <= set(family.variants), name
+    assert lr_grid(2e-3) == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
+    for cell in plan.CELLS:
+        lrs = cell.lrs
+        assert len(lrs) >= 5 and max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
+
+
+def _fake(values, calls):
+    def run(family, out, variant, lr, seed, quick, extra, knob=None):
+        calls.append((variant, lr, seed))
+        v = values(variant, lr) + 0.001 * seed
+        metrics = {family.val_metric: v, family.test_metric: v - 0.05}
+        curve = [[10 * i, v * (1 - 0.5 ** i)] for i in range(1, 11)]
+        return {"name": run_name(variant, lr, seed), "variant": variant, "lr": lr, "seed": seed, "knob": None,
+                "seconds": 1.0, "summary": {"metrics": metrics}, "curves": {family.val_metric: curve},
+                "diverged": None}
+    return run
+
+
+def test_grid_extends_past_an_edge_and_resumes_from_its_records(tmp_path, monkeypatch):
+    # softmax improves up to 4e-3 and falls at 8e-3; diff keeps improving as the lr falls
+    def values(variant, lr):
+        return 0.9 - abs(math.log2(lr / 4e-3)) * 0.05 if variant == "softmax" else 0.5 - 10 * lr
+
+    calls: list = []
+    monkeypatch.setattr(sweep, "train_run", _fake(values, calls))
+    records = tmp_path / "records" / "mqar.json"
+    argv = ["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "1e-3", "2e-3", "4e-3", "--seeds", "2",
+            "--final-seeds", "3", "--out", str(tmp_path / "out"), "--results", str(records), "--extend", "2"]
+    res = sweep.main(argv)
+    assert res["grid_lrs"]["softmax"] == [1e-3, 2e-3, 4e-3, 8e-3]  # one step past the edge, then inside
+    assert res["grid_lrs"]["diff"] == [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]  # two steps down, then the limit
+    assert res["best"]["softmax"]["lr"] == 4e-3 and res["best"]["diff"]["lr"] == 2.5e-4
+    grid = [c for c in calls if c[2] < sweep.FINAL_SEED]
+    assert len(grid) == 2 * (4 + 5) and len(set(grid)) == len(grid)  # every grid run trained once
+    assert {c[:2] for c in calls if c[2] >= sweep.FINAL_SEED} == {("softmax", 4e-3), ("diff", 2.5e-4)}
+    saved = json.loads(records.read_text())
+    mqar = FAMILIES["mqar"]
+    assert len(saved["runs"]) == 18 + 6 and saved["fixed"] == [*mqar.base_args, *recipe_args(mqar.budget)]
+    calls.clear()
+    again = sweep.main(argv)  # another session: everything is in the records, nothing is trained
+    assert calls == [] and again["best"]["diff"]["lr"] == 2.5e-4
+    saved["fixed"] = ["--something", "else"]
+    records.write_text(json.dumps(saved))
+    with pytest.raises(SystemExit):  # records made with other fixed arguments are refused, not mixed
+        sweep.main(argv)
+
+
+def _record(family_name, best, finals):
+    family = FAMILIES[family_name]
+    runs = {}
+    for variant, values in finals.items():
+        for i, v in enumerate(values):
+            seed = sweep.FINAL_SEED + i
+            curve = [[s, v / family.scale] for s in range(10, 110, 10)]
+            runs[run_name(variant, best[variant], seed)] = {
+                "name": run_name(variant, best[variant], seed), "variant": variant, "lr": best[variant],
+                "seed": seed, "knob": None, "seconds": 60.0, "curves": {family.val_metric: curve},
+                "summary": {"metrics": {family.test_metric: v / family.scale}}}
+    return {"best": {v: {"lr": lr} for v, lr in best.items()}, "runs": runs}
+
+
+def test_headline_applies_one_holm_over_every_cell(tmp_path):
+    best = {"softmax": 2e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
+    mqar = _record("mqar", best, {"softmax": [50, 51, 52, 53, 54], "diff": [60, 61, 62, 63, 64],
+                                  "diff_v2_matched": [50.5, 51.5, 52.5, 53.5, 54.5]})
+    lm = _record("lm", best, {"softmax": [1.40, 1.41, 1.42, 1.43, 1.44], "diff": [1.50, 1.51, 1.52, 1.53, 1.54],
+                              "diff_v2_matched": [1.39, 1.40, 1.41, 1.42, 1.45]})
+    (tmp_path / "mqar.json").write_text(json.dumps(mqar))
+    (tmp_path / "lm.json").write_text(json.dumps(lm))
+    cells = [c for c in plan.CELLS if c.name in ("mqar", "lm", "vit")]
+    result = plan.headline(tmp_path, cells)
+    assert result["cells"]["vit"] is None and result["comparisons"] == 4
+    rows = [r for c in ("mqar", "lm") for r in result["cells"][c]["rows"] if "vs" in r]
+    assert [r["p_holm_study"] for r in rows] == pytest.approx(holm([r["vs"]["p_perm"] for r in rows]))
+    # Holm over 4 comparisons is stricter than Holm within one table of 2
+    assert min(r["p_holm_study"] for r in rows) == pytest.approx(4 * min(r["vs"]["p_perm"] for r in rows))
+    table = plan.headline_table(result)
+    assert "| vit | not run yet |" in table and "+10.00 [" in table and "+0.100 [" in table
+    assert all(p["flat"] for r in rows for p in r["plateau"])
+
+
+def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
+    records = tmp_path / "records"
+    plan.main(["run", "--quick", "--cells", "mqar", "--jobs", "2", "--records", str(records)])
+    saved = json.loads((records / "mqar.json").read_text())
+    assert len(saved["runs"]) == 6 and saved["quick"]  # 2 variants x (1 grid + 2 final seeds)
+    grid = [r for r in saved["runs"].values() if r["seed"] < sweep.FINAL_SEED]
+    final = [r for r in saved["runs"].values() if r["seed"] >= sweep.FINAL_SEED]
+    assert all("test/acc" not in r["summary"]["metrics"] for r in grid)  # the grid never scores the test set
+    assert all("test/acc" in r["summary"]["metrics"] for r in final)
+    capsys.readouterr()
+    plan.main(["status", "--cells", "mqar", "--records", str(records)])
+    assert "grid   2, final   4" in capsys.readouterr().out
+    plan.main(["report", "--cells", "mqar", "--records", str(records)])
+    assert "| mqar (test/acc) |" in (records / "table.md").read_text()
+    with pytest.raises(SystemExit):
+        plan.main(["run", "--quick", "--cells", "mqar"])  # smoke records never go into the study's folder
