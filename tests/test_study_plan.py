@@ -50,9 +50,12 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert family.budget is not None, f"{name} has no study budget"
         assert {"softmax", "diff", "diff_v2_matched"} <= set(family.variants), name
     assert lr_grid(2e-3) == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
-    for cell in plan.CELLS:
+    for cell in plan.CELLS:  # main cells: >= 5 lrs; size-trend cells: 3 around the neighbouring size's best
         lrs = cell.lrs
-        assert len(lrs) >= 5 and max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
+        assert len(lrs) >= (5 if cell.lr_from is None else 3)
+        assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
+    sizes = [c for c in plan.CELLS if c.lr_from is not None]
+    assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
 
 def _fake(values, calls):
@@ -146,3 +149,33 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     assert "| mqar (test/acc) |" in (records / "table.md").read_text()
     with pytest.raises(SystemExit):
         plan.main(["run", "--quick", "--cells", "mqar"])  # smoke records never go into the study's folder
+
+
+def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_parameters(tmp_path):
+    xs = next(c for c in plan.CELLS if c.name == "vit-xs")
+    with pytest.raises(SystemExit, match="run that cell first"):
+        plan.cell_sweeps(xs, tmp_path, 2, False, False)
+    best = {"softmax": 4e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
+    sizes = {"vit-xs": (40_000, {"softmax": 80.0, "diff": 78.0, "diff_v2_matched": 79.0}),
+             "vit": (300_000, {"softmax": 90.0, "diff": 86.0, "diff_v2_matched": 89.0}),
+             "vit-l": (1_800_000, {"softmax": 95.0, "diff": 92.0, "diff_v2_matched": 94.0})}
+    for name, (params, means) in sizes.items():
+        rec = _record("vit", best, {v: [m - 0.5, m, m + 0.5] for v, m in means.items()})
+        for r in rec["runs"].values():
+            r["summary"]["parameters"] = params
+        (tmp_path / f"{name}.json").write_text(json.dumps(rec))
+    sweeps = plan.cell_sweeps(xs, tmp_path, 2, False, False)
+    assert [a[a.index("--variants") + 1] for a in sweeps] == list(plan.MAIN)  # one sweep per variant
+    diff = sweeps[1]
+    assert diff[diff.index("--lrs") + 1:diff.index("--lrs") + 4] == ["0.0005", "0.001", "0.002"]
+    assert diff[-2:] == list(xs.size_args) and diff[diff.index("--final-seeds") + 1] == "5"
+    trend = plan.size_trend(tmp_path, plan.CELLS)
+    assert set(trend) == {"vit"} and len(trend["vit"]) == 9  # three sizes x three variants
+    # softmax's 90.0 at 300 k: V1 reaches it between 300 k (86) and 1.8 M (92), two thirds of the way in log
+    need = plan.parameters_for(trend["vit"], "diff", 90.0, True)
+    assert need == pytest.approx(math.exp(math.log(3e5) + 2 / 3 * math.log(6)))
+    assert plan.parameters_for(trend["vit"], "diff", 99.0, True) is None  # beyond the largest size
+    table = plan.size_table(trend)
+    assert "| vit-l | 1,800,000 | 95.00 ± 0.50 (n=3) |" in table and "outside the sizes run" in table
+    plan.plot_size_trend(trend, tmp_path / "trend.png")
+    assert (tmp_path / "trend.png").stat().st_size > 1000

@@ -50,12 +50,22 @@ class Cell:
     family: str
     variants: tuple[str, ...] = MAIN
     lr_center: float = 2e-3
-    size_args: tuple[str, ...] = ()
+    size_args: tuple[str, ...] = ()  # recipe arguments that set the model's size
     extra: tuple[str, ...] = field(default=())
+    grid_points: int = 5
+    final_seeds: int = FINAL_SEEDS
+    lr_from: str | None = None  # size-trend cells: each variant's grid is centred on its best lr in this cell
+    parameters: str = ""  # the softmax model's parameter count, in words (for the tables)
 
     @property
     def lrs(self) -> list[float]:
-        return lr_grid(self.lr_center)
+        return lr_grid(self.lr_center, self.grid_points)
+
+
+def _size(cell: str, family: str, size_args: tuple[str, ...], lr_from: str, parameters: str) -> Cell:
+    """A size-trend cell: the three main variants, 3 lrs around the neighbouring size's best, 5 final seeds."""
+    return Cell(cell, family, MAIN, size_args=size_args, grid_points=3, final_seeds=5, lr_from=lr_from,
+                parameters=parameters)
 
 
 CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one decoder (mqar)
@@ -65,24 +75,47 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     Cell("speech", "speech"),
     Cell("clip", "clip"),
     Cell("lm", "lm"),
+    # the size trend: one encoder (vit digits) and the LM at three sizes each, >= 10x apart in parameters
+    _size("vit-xs", "vit", ("--model.model_kwargs", '{"embed_dim": 48, "depth": 2}'), "vit", "42 k"),
+    _size("vit-l", "vit", ("--model.model_kwargs", '{"embed_dim": 192, "depth": 6}'), "vit", "1.8 M"),
+    _size("lm-xs", "lm", ("--model.model_kwargs", '{"dim": 32, "intermediate_size": 80}'), "lm", "32 k"),
+    _size("lm-l", "lm", ("--model.model", "lm_nano"), "lm", "0.84 M"),
 )
 
 
-def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bool = False) -> list[str]:
-    """The :func:`diffzoo.study.sweep.main` arguments of ``cell`` (``main_only``: its :data:`MAIN` variants)."""
-    variants = [v for v in cell.variants if v in MAIN] if main_only else cell.variants
-    argv = ["--family", cell.family, "--variants", *variants, "--lrs", *(lr_tag(x) for x in cell.lrs),
-            "--seeds", str(GRID_SEEDS), "--final-seeds", str(FINAL_SEEDS), "--jobs", str(jobs),
+def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequence[str] | None = None,
+               lrs: Sequence[float] | None = None) -> list[str]:
+    """The :func:`diffzoo.study.sweep.main` arguments of ``cell`` for ``variants`` (default: all of the
+    cell's) on the grid ``lrs`` (default: the cell's)."""
+    variants = list(variants or cell.variants)
+    lrs = list(lrs or cell.lrs)
+    argv = ["--family", cell.family, "--variants", *variants, "--lrs", *(lr_tag(x) for x in lrs),
+            "--seeds", str(GRID_SEEDS), "--final-seeds", str(cell.final_seeds), "--jobs", str(jobs),
             "--out", str(Path("outputs/study") / cell.name), "--results", str(records / f"{cell.name}.json")]
     if quick:  # the pipeline only: two variants, the grid's centre, one grid seed and two final seeds
-        argv = [*argv, "--quick", "--variants", *cell.variants[:2], "--lrs", lr_tag(cell.lr_center), "--seeds", "1",
+        argv = [*argv, "--quick", "--variants", *variants[:2], "--lrs", lr_tag(lrs[len(lrs) // 2]), "--seeds", "1",
                 "--final-seeds", "2"]
     return [*argv, *cell.size_args, *cell.extra]
 
 
+def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bool) -> list[list[str]]:
+    """The sweeps (argument lists) that fill ``cell``: one over its variants, or for a size-trend cell one
+    per variant with a grid centred on that variant's best lr in the cell ``lr_from``."""
+    variants = [v for v in cell.variants if v in MAIN] if main_only else list(cell.variants)
+    if cell.lr_from is None:
+        return [sweep_argv(cell, records, jobs, quick, variants)]
+    source = next(c for c in CELLS if c.name == cell.lr_from)
+    best = {v: b["lr"] for v, b in (load(records, source).get("best") or {}).items()}
+    missing = [v for v in variants if best.get(v) is None]
+    if missing:
+        raise SystemExit(f"cell {cell.name} centres its grid on the best lrs of cell {source.name}, which has none "
+                         f"for {', '.join(missing)} yet: run that cell first")
+    return [sweep_argv(cell, records, jobs, quick, [v], lr_grid(best[v], cell.grid_points)) for v in variants]
+
+
 def planned_runs(cell: Cell) -> int:
-    """Runs of a cell before any grid extension: variants x (5 lrs x grid seeds + final seeds)."""
-    return len(cell.variants) * (len(cell.lrs) * GRID_SEEDS + FINAL_SEEDS)
+    """Runs of a cell before any grid extension: variants x (grid lrs x grid seeds + final seeds)."""
+    return len(cell.variants) * (cell.grid_points * GRID_SEEDS + cell.final_seeds)
 
 
 def load(records: Path, cell: Cell) -> dict:
@@ -105,8 +138,8 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         grid = sum(1 for r in runs if r["seed"] < FINAL_SEED)
         final = len(final_runs(rec))
         hours = sum(r.get("seconds", 0.0) for r in runs) / 3600
-        done = final >= FINAL_SEEDS * len(cell.variants)
-        lines.append(f"{cell.name:10s} grid {grid:3d}, final {final:3d} of {FINAL_SEEDS * len(cell.variants)} "
+        done = final >= cell.final_seeds * len(cell.variants)
+        lines.append(f"{cell.name:10s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
                      f"(planned about {planned_runs(cell)} runs), {hours:.2f} CPU-thread hours"
                      + (" - done" if done else ""))
     return lines
@@ -117,6 +150,8 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
     out: dict = {"cells": {}, "recipe": RECIPE.describe()}
     compared: list[dict] = []
     for cell in cells:
+        if cell.lr_from is not None:
+            continue  # size-trend cells: :func:`size_trend`
         rec = load(records, cell)
         family = FAMILIES[cell.family]
         final = final_runs(rec)
@@ -210,6 +245,105 @@ def ablation_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def size_trend(records: Path, cells: Sequence[Cell]) -> dict:
+    """Per family with size-trend cells: for every size and main variant, the final runs' test metric (mean,
+    sd, n) and the model's parameter count (from the runs' summaries)."""
+    trend: dict[str, list[dict]] = {}
+    families = {c.family for c in cells if c.lr_from is not None}
+    for fam in sorted(families):
+        family = FAMILIES[fam]
+        metric = family.test_metric or family.val_metric
+        points = []
+        for cell in [c for c in CELLS if c.family == fam and (c.lr_from is not None
+                                                              or any(x.lr_from == c.name for x in CELLS))]:
+            rec = load(records, cell)
+            for v in MAIN:
+                runs = [r for r in final_runs(rec) if r["variant"] == v]
+                vals = [family.scale * metric_value(r, metric) for r in runs]
+                vals = [x for x in vals if math.isfinite(x)]
+                params = [r["summary"].get("parameters") for r in runs if r["summary"].get("parameters")]
+                if vals:
+                    points.append({"cell": cell.name, "variant": v, "metric": metric, "n": len(vals),
+                                   "mean": statistics.mean(vals), "sd": statistics.stdev(vals) if len(vals) > 1
+                                   else float("nan"), "parameters": params[0] if params else None,
+                                   "lr": (rec.get("best") or {}).get(v, {}).get("lr")})
+        if points:
+            trend[fam] = points
+    return trend
+
+
+def parameters_for(points: list[dict], variant: str, target: float, higher_is_better: bool) -> float | None:
+    """The parameter count at which ``variant`` reaches ``target``, interpolated linearly in log-parameters
+    between its two sizes that bracket it; None when no two sizes do."""
+    pts = sorted((p["parameters"], p["mean"]) for p in points if p["variant"] == variant and p["parameters"])
+    for (n0, m0), (n1, m1) in zip(pts, pts[1:]):
+        if (m0 - target) * (m1 - target) <= 0 and m0 != m1:
+            t = (target - m0) / (m1 - m0)
+            return math.exp(math.log(n0) + t * (math.log(n1) - math.log(n0)))
+    return None
+
+
+def plot_size_trend(trend: dict[str, list[dict]], path: Path) -> None:
+    """Metric against parameters (log axis) per variant, one panel per family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fams = [f for f, pts in trend.items() if any(p["parameters"] for p in pts)]
+    if not fams:
+        return
+    fig, axes = plt.subplots(1, len(fams), figsize=(4.5 * len(fams), 3.6), dpi=90, squeeze=False)
+    for ax, fam in zip(axes[0], fams):
+        for v in MAIN:
+            pts = sorted((p["parameters"], p["mean"], p["sd"]) for p in trend[fam] if p["variant"] == v
+                         and p["parameters"])
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                            capsize=3, label={"softmax": "softmax", "diff": "V1", "diff_v2_matched": "V2"}[v])
+        ax.set_xscale("log")
+        family = FAMILIES[fam]
+        if not family.higher_is_better:
+            ax.set_yscale("log")
+        ax.set_xlabel("parameters")
+        ax.set_ylabel(trend[fam][0]["metric"] if trend[fam] else "")
+        ax.set_title(fam)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def size_table(trend: dict[str, list[dict]]) -> str:
+    lines = []
+    for fam, pts in trend.items():
+        family = FAMILIES[fam]
+        digits = 2 if family.scale != 1.0 else 3
+        lines += [f"**{fam}** ({pts[0]['metric'] if pts else ''})", "",
+                  "| cell | parameters (softmax) | softmax | V1 | V2 | V1 needs for softmax's value | "
+                  "V2 needs for softmax's value |", "|" + "---|" * 7]
+        for cell in dict.fromkeys(p["cell"] for p in pts):
+            by = {p["variant"]: p for p in pts if p["cell"] == cell}
+            soft = by.get("softmax")
+
+            def val(v: str, by: dict = by) -> str:
+                p = by.get(v)
+                return "–" if p is None else f"{fmt(p['mean'], digits)} ± {fmt(p['sd'], digits)} (n={p['n']})"  # noqa: B023
+
+            def need(v: str, soft: dict | None = soft) -> str:
+                if soft is None:
+                    return "–"
+                n = parameters_for(pts, v, soft["mean"], family.higher_is_better)  # noqa: B023
+                return "outside the sizes run" if n is None else f"{n:,.0f}"
+
+            size = f"{soft['parameters']:,}" if soft and soft["parameters"] else "–"
+            lines.append(f"| {cell} | {size} | {val('softmax')} | {val('diff')} | {val('diff_v2_matched')} | "
+                         f"{need('diff')} | {need('diff_v2_matched')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def plot_headline(result: dict, path: Path) -> None:
     """One panel per finished task: each final seed's score per variant, and the mean."""
     import matplotlib
@@ -259,8 +393,9 @@ def main(argv: list[str] | None = None) -> None:
 
         for cell in cells:
             start = time.time()
-            print(f"== cell {cell.name} ({planned_runs(cell)} runs planned before grid extension)", flush=True)
-            sweep(sweep_argv(cell, args.records, args.jobs, args.quick, args.main_only))
+            print(f"== cell {cell.name}", flush=True)
+            for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
+                sweep(argv)
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
     elif args.command == "status":
         print("\n".join(status_lines(args.records, cells)))
@@ -273,4 +408,10 @@ def main(argv: list[str] | None = None) -> None:
         (args.records / "table.md").write_text(text)
         (args.records / "table.json").write_text(json.dumps(result, indent=1))
         plot_headline(result, args.records / "headline.png")
+        trend = size_trend(args.records, cells)
+        if trend:
+            text += "\n## Size trend\n\n" + size_table(trend) + "\n"
+            (args.records / "table.md").write_text(text)
+            (args.records / "size_trend.json").write_text(json.dumps(trend, indent=1))
+            plot_size_trend(trend, args.records / "size_trend.png")
         print(text)

@@ -256,12 +256,12 @@ def main(argv: list[str] | None = None) -> dict:
             grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save)
             best = best_lrs(family, grid)
             grown = {} if args.quick else extend_grid(best, lrs_of, args.lrs, args.extend)
-            results["grid_lrs"] = lrs_of
+            results["grid_lrs"] = {**(results.get("grid_lrs") or {}), **lrs_of}
             if not grown:
                 break
             print("best lr at the grid's edge, grid extended: "
                   + ", ".join(f"{v} + {lr_tag(lr)}" for v, lr in grown.items()), flush=True)
-        results["best"] = best
+        results["best"] = {**(results.get("best") or {}), **best}  # other variants' (an earlier call) stay
         save()
         final_jobs = [(v, best[v]["lr"], FINAL_SEED + s) for v in variants if best[v]["lr"] is not None
                       for s in range(args.final_seeds)]

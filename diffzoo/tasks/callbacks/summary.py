@@ -131,6 +131,7 @@ class RunSummary(pl.Callback):
         description = describe(self.monitor, getattr(trainer, "datamodule", None)) if describe else None
         summary: dict[str, Any] = {
             "model": pl_module.hparams.get("model"),
+            "parameters": sum(p.numel() for p in getattr(pl_module, "model", pl_module).parameters()),
             **self.extra_fields(pl_module),
             "epochs": trainer.current_epoch,
             "global_step": trainer.global_step,
