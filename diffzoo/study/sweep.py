@@ -1,7 +1,7 @@
 """Learning rate tuned per attention variant, then final seeds, with real statistics.
 
     OMP_NUM_THREADS=1 python -m recipes.sweep --family mqar --variants softmax diff \\
-        --lrs 3e-4 1e-3 3e-3 6e-3 --seeds 2 --final-seeds 5 --jobs 2
+        --lrs 5e-4 1e-3 2e-3 4e-3 8e-3 --seeds 3 --final-seeds 8 --jobs 2
     OMP_NUM_THREADS=1 python -m recipes.sweep --family cluttered --knob data.k --values 0 4 8 16 --jobs 2
     OMP_NUM_THREADS=1 python -m recipes.sweep --family mqar --chance 5           # random-init scores only
     python -m recipes.sweep --family mqar --quick                                # seconds: the pipeline only
@@ -42,7 +42,7 @@ from typing import Any
 
 from .families import FAMILIES, Family, lr_tag, metric_value, run_name
 from .plots import plot_curves, plot_knob
-from .recipe import recipe_args
+from .recipe import lr_grid, recipe_args
 from .runs import last_logged, latest_log_dir, read_divergence, read_run, recipe_command, run_jobs, train
 from .tables import (
     ablation_rows,
@@ -153,12 +153,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--family", required=True, choices=list(FAMILIES))
     p.add_argument("--variants", nargs="+", default=None, help="variants (default: softmax diff)")
     p.add_argument("--reference", default="softmax", help="the variant every other one is compared with")
-    p.add_argument("--lrs", type=float, nargs="+", default=[3e-4, 1e-3, 3e-3, 6e-3])
+    p.add_argument("--lrs", type=float, nargs="+", default=lr_grid(2e-3),
+                   help="the grid's learning rates (default: %(default)s, factor-2 steps)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per (variant, lr) of the grid")
     p.add_argument("--extend", type=int, default=2, metavar="N",
                    help="rounds of grid extension: a variant whose best lr is the smallest or largest of its grid "
                         "gets the next lr beyond it (factor of the grid's step), up to N times")
-    p.add_argument("--final-seeds", type=int, default=5, help="seeds of the final runs at the best lr")
+    p.add_argument("--final-seeds", type=int, default=8, help="seeds of the final runs at the best lr")
     p.add_argument("--jobs", type=int, default=1, help="trainings at once (one process each)")
     p.add_argument("--knob", default=None, help="a data argument to sweep (mqar: data.num_pairs, data.filler, "
                                                 "data.seq_len; cluttered: data.k, data.canvas; speech: "
