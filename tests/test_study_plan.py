@@ -179,3 +179,16 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert "| vit-l | 1,800,000 | 95.00 ± 0.50 (n=3) |" in table and "outside the sizes run" in table
     plan.plot_size_trend(trend, tmp_path / "trend.png")
     assert (tmp_path / "trend.png").stat().st_size > 1000
+
+
+def test_clip_reports_retrieval_and_zero_shot_from_the_same_final_runs(tmp_path):
+    best = {"softmax": 2e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
+    rec = _record("clip", best, {"softmax": [60, 61, 62], "diff": [63, 64, 65], "diff_v2_matched": [59, 60, 61]})
+    for r in rec["runs"].values():  # zero-shot top-1 of the same runs: 3 % for every run
+        r["summary"]["metrics"]["test/zs_top1"] = 0.03
+    (tmp_path / "clip.json").write_text(json.dumps(rec))
+    result = plan.headline(tmp_path, [c for c in plan.CELLS if c.name == "clip"])
+    assert set(result["cells"]) == {"clip", "clip (test/zs_top1)"} and result["comparisons"] == 4
+    assert result["cells"]["clip"]["metric"] == "test/mean_recall"
+    zs = {r["variant"]: r for r in result["cells"]["clip (test/zs_top1)"]["rows"]}
+    assert zs["diff"]["mean"] == pytest.approx(3.0) and zs["diff"]["vs"]["diff"] == pytest.approx(0.0)

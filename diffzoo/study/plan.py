@@ -158,30 +158,31 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
         if not final or not rec.get("best"):
             out["cells"][cell.name] = None
             continue
-        metric = family.test_metric or family.val_metric
-        rows = comparison_rows(family, final, "softmax", metric)
-        for r in rows:
-            r["lr"] = rec["best"][r["variant"]]["lr"]
-            r["plateau"] = [run_plateau(family, x) for x in final if x["variant"] == r["variant"]]
-            if "vs" in r:
-                r["kind"] = "headline" if r["variant"] in MAIN else "ablation vs softmax"
-                compared.append(r)
-        ablations = []
-        for variant, parent, what in ABLATIONS:
-            if parent == "softmax" or not {variant, parent} <= set(cell.variants):
-                continue
-            a = [family.scale * metric_value(x, metric) for x in final if x["variant"] == variant]
-            b = [family.scale * metric_value(x, metric) for x in final if x["variant"] == parent]
-            a, b = [x for x in a if math.isfinite(x)], [x for x in b if math.isfinite(x)]
-            if len(a) > 1 and len(b) > 1:
-                row = {"variant": variant, "parent": parent, "what": what, "vs": compare(a, b).as_dict(),
-                       "kind": "ablation"}
-                ablations.append(row)
-                compared.append(row)
         seconds = sum(r.get("seconds", 0.0) for r in rec["runs"].values())
-        out["cells"][cell.name] = {"family": cell.family, "metric": metric, "label": family.label, "rows": rows,
-                                   "ablations": ablations, "runs": len(rec["runs"]), "seconds": seconds,
-                                   "higher_is_better": family.higher_is_better, "scale": family.scale}
+        for k, metric in enumerate((family.test_metric or family.val_metric, *family.also_report)):
+            key = cell.name if k == 0 else f"{cell.name} ({metric})"
+            rows = comparison_rows(family, final, "softmax", metric)
+            for r in rows:
+                r["lr"] = rec["best"][r["variant"]]["lr"]
+                r["plateau"] = [run_plateau(family, x) for x in final if x["variant"] == r["variant"]]
+                if "vs" in r:
+                    r["kind"] = "headline" if r["variant"] in MAIN else "ablation vs softmax"
+                    compared.append(r)
+            ablations = []
+            for variant, parent, what in ABLATIONS:
+                if parent == "softmax" or not {variant, parent} <= set(cell.variants):
+                    continue
+                a = [family.scale * metric_value(x, metric) for x in final if x["variant"] == variant]
+                b = [family.scale * metric_value(x, metric) for x in final if x["variant"] == parent]
+                a, b = [x for x in a if math.isfinite(x)], [x for x in b if math.isfinite(x)]
+                if len(a) > 1 and len(b) > 1:
+                    row = {"variant": variant, "parent": parent, "what": what, "vs": compare(a, b).as_dict(),
+                           "kind": "ablation"}
+                    ablations.append(row)
+                    compared.append(row)
+            out["cells"][key] = {"family": cell.family, "metric": metric, "label": family.label, "rows": rows,
+                                 "ablations": ablations, "runs": len(rec["runs"]), "seconds": seconds,
+                                 "higher_is_better": family.higher_is_better, "scale": family.scale}
     for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
         r["p_holm_study"] = p
     out["comparisons"] = len(compared)
