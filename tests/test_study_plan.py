@@ -147,6 +147,7 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     assert "grid   2, final   4" in capsys.readouterr().out
     plan.main(["report", "--cells", "mqar", "--records", str(records)])
     assert "| mqar (test/acc) |" in (records / "table.md").read_text()
+    assert (records / "mqar_curves.png").stat().st_size > 1000  # validation metric and gradient norm
     with pytest.raises(SystemExit):
         plan.main(["run", "--quick", "--cells", "mqar"])  # smoke records never go into the study's folder
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
+from .plots import plot_curves
 from .recipe import RECIPE, lr_grid
 from .sweep import FINAL_SEED
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau
@@ -409,6 +410,10 @@ def main(argv: list[str] | None = None) -> None:
         (args.records / "table.md").write_text(text)
         (args.records / "table.json").write_text(json.dumps(result, indent=1))
         plot_headline(result, args.records / "headline.png")
+        for cell in cells:  # validation metric and gradient norm per variant: the plateau and the clipping, seen
+            final = final_runs(load(args.records, cell))
+            if final:
+                plot_curves(FAMILIES[cell.family], final, args.records / f"{cell.name}_curves.png")
         trend = size_trend(args.records, cells)
         if trend:
             text += "\n## Size trend\n\n" + size_table(trend) + "\n"
