@@ -51,10 +51,14 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert {"softmax", "diff", "diff_v2_matched"} <= set(family.variants), name
     assert lr_grid(2e-3) == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
     for cell in plan.CELLS:  # main cells: >= 5 lrs; size-trend cells: 3 around the neighbouring size's best
+        if cell.epochs_factor is not None:
+            continue  # budget checks: the source cell's best lr only
         lrs = cell.lrs
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
-    sizes = [c for c in plan.CELLS if c.lr_from is not None]
+    checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
+    assert checks == {"vit", "mqar", "cluttered", "speech", "clip", "lm"}  # every task's budget is checked
+    sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
 
@@ -109,7 +113,7 @@ def _record(family_name, best, finals):
             runs[run_name(variant, best[variant], seed)] = {
                 "name": run_name(variant, best[variant], seed), "variant": variant, "lr": best[variant],
                 "seed": seed, "knob": None, "seconds": 60.0, "curves": {family.val_metric: curve},
-                "summary": {"metrics": {family.test_metric: v / family.scale}}}
+                "summary": {"metrics": {family.test_metric: v / family.scale, family.val_metric: v / family.scale}}}
     return {"best": {v: {"lr": lr} for v, lr in best.items()}, "runs": runs}
 
 
@@ -193,3 +197,24 @@ def test_clip_reports_retrieval_and_zero_shot_from_the_same_final_runs(tmp_path)
     assert result["cells"]["clip"]["metric"] == "test/mean_recall"
     zs = {r["variant"]: r for r in result["cells"]["clip (test/zs_top1)"]["rows"]}
     assert zs["diff"]["mean"] == pytest.approx(3.0) and zs["diff"]["vs"]["diff"] == pytest.approx(0.0)
+
+
+def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
+    check = next(c for c in plan.CELLS if c.name == "mqar-2x")
+    best = {"softmax": 4e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
+    src = _record("mqar", best, {v: [90.0] for v in best})
+    for v, lr in best.items():  # the grid's seed-0 run at the best lr, with a flat curve
+        src["runs"][run_name(v, lr, 0)] = {**src["runs"][run_name(v, lr, sweep.FINAL_SEED)], "seed": 0}
+    (tmp_path / "mqar.json").write_text(json.dumps(src))
+    argvs = plan.cell_sweeps(check, tmp_path, 2, False, False)
+    soft = argvs[0]
+    assert soft[soft.index("--lrs") + 1] == "0.004" and soft[soft.index("--epochs") + 1] == "20"  # 2 x 10 epochs
+    assert soft[soft.index("--final-seeds", soft.index("--final-seeds") + 1) + 1] == "0"  # the last one wins
+    longer = _record("mqar", best, {v: [95.0] for v in best})
+    longer["runs"] = {run_name(v, lr, 0): {**r, "seed": 0} for (v, lr), r in
+                      zip(best.items(), longer["runs"].values())}
+    (tmp_path / "mqar-2x.json").write_text(json.dumps(longer))
+    rows = plan.budget_checks(tmp_path, [check])
+    assert [r["variant"] for r in rows] == list(plan.MAIN)
+    assert all(r["budget"] == pytest.approx(90.0) and r["longer"] == pytest.approx(95.0) for r in rows)
+    assert "| mqar | softmax | 0.004 | val/acc | 90.00 | 95.00 | +5.00 | yes |" in plan.budget_table(rows)

@@ -56,11 +56,17 @@ class Cell:
     grid_points: int = 5
     final_seeds: int = FINAL_SEEDS
     lr_from: str | None = None  # size-trend cells: each variant's grid is centred on its best lr in this cell
+    epochs_factor: float | None = None  # budget checks: one grid seed at lr_from's best lr, this times the budget
     parameters: str = ""  # the softmax model's parameter count, in words (for the tables)
 
     @property
     def lrs(self) -> list[float]:
         return lr_grid(self.lr_center, self.grid_points)
+
+
+def _check(source: str) -> Cell:
+    """A budget check of cell ``source``: each main variant's seed 0 at its best lr for twice the budget."""
+    return Cell(f"{source}-2x", source, MAIN, grid_points=1, final_seeds=0, lr_from=source, epochs_factor=2.0)
 
 
 def _size(cell: str, family: str, size_args: tuple[str, ...], lr_from: str, parameters: str) -> Cell:
@@ -76,6 +82,8 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     Cell("speech", "speech"),
     Cell("clip", "clip"),
     Cell("lm", "lm"),
+    # what each budget leaves on the table: seed 0 of every main variant at its best lr for twice as long
+    *(_check(name) for name in ("vit", "mqar", "cluttered", "speech", "clip", "lm")),
     # the size trend: one encoder (vit digits) and the LM at three sizes each, >= 10x apart in parameters
     _size("vit-xs", "vit", ("--model.model_kwargs", '{"embed_dim": 48, "depth": 2}'), "vit", "42 k"),
     _size("vit-l", "vit", ("--model.model_kwargs", '{"embed_dim": 192, "depth": 6}'), "vit", "1.8 M"),
@@ -111,6 +119,12 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
     if missing:
         raise SystemExit(f"cell {cell.name} centres its grid on the best lrs of cell {source.name}, which has none "
                          f"for {', '.join(missing)} yet: run that cell first")
+    if cell.epochs_factor is not None:  # the budget check: seed 0 at the best lr, longer; no final runs
+        budget = FAMILIES[cell.family].budget
+        assert budget is not None
+        epochs = str(round(cell.epochs_factor * budget.epochs))
+        return [[*sweep_argv(cell, records, jobs, quick, [v], [best[v]]), "--seeds", "1", "--final-seeds", "0",
+                 "--extend", "0", "--epochs", epochs] for v in variants]
     return [sweep_argv(cell, records, jobs, quick, [v], lr_grid(best[v], cell.grid_points)) for v in variants]
 
 
@@ -247,17 +261,58 @@ def ablation_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _is_size(cell: Cell) -> bool:
+    return cell.lr_from is not None and cell.epochs_factor is None
+
+
+def budget_checks(records: Path, cells: Sequence[Cell]) -> list[dict]:
+    """For every budget-check cell with runs: per variant, the validation metric of seed 0 at the best lr
+    after the study's budget (the source cell's grid run) and after ``epochs_factor`` times it, with the
+    plateau verdict of each."""
+    rows = []
+    for cell in cells:
+        if cell.epochs_factor is None:
+            continue
+        family = FAMILIES[cell.family]
+        source = next(c for c in CELLS if c.name == cell.lr_from)
+        src, chk = load(records, source), load(records, cell)
+        for v in cell.variants:
+            lr = ((src.get("best") or {}).get(v) or {}).get("lr")
+            long = [r for r in (chk.get("runs") or {}).values() if r["variant"] == v and r["seed"] == 0]
+            short = [r for r in (src.get("runs") or {}).values() if r["variant"] == v and r["seed"] == 0
+                     and r["lr"] == lr]
+            if not long or not short:
+                continue
+            rows.append({"cell": source.name, "variant": v, "lr": lr, "metric": family.val_metric,
+                         "budget": family.scale * metric_value(short[0], family.val_metric),
+                         "longer": family.scale * metric_value(long[0], family.val_metric),
+                         "factor": cell.epochs_factor, "flat": (run_plateau(family, short[0]) or {}).get("flat"),
+                         "higher_is_better": family.higher_is_better, "scale": family.scale})
+    return rows
+
+
+def budget_table(rows: list[dict]) -> str:
+    lines = ["| task | variant | lr | validation metric | at the budget | at 2x | change | flat at the budget |",
+             "|" + "---|" * 8]
+    for r in rows:
+        digits = 2 if r["scale"] != 1.0 else 3
+        change = r["longer"] - r["budget"]
+        lines.append(f"| {r['cell']} | {r['variant']} | {lr_tag(r['lr'])} | {r['metric']} | {r['budget']:.{digits}f} | "
+                     f"{r['longer']:.{digits}f} | {change:+.{digits}f} | {'yes' if r['flat'] else 'no'} |")
+    return "\n".join(lines)
+
+
 def size_trend(records: Path, cells: Sequence[Cell]) -> dict:
     """Per family with size-trend cells: for every size and main variant, the final runs' test metric (mean,
     sd, n) and the model's parameter count (from the runs' summaries)."""
     trend: dict[str, list[dict]] = {}
-    families = {c.family for c in cells if c.lr_from is not None}
+    families = {c.family for c in cells if _is_size(c)}
     for fam in sorted(families):
         family = FAMILIES[fam]
         metric = family.test_metric or family.val_metric
         points = []
-        for cell in [c for c in CELLS if c.family == fam and (c.lr_from is not None
-                                                              or any(x.lr_from == c.name for x in CELLS))]:
+        for cell in [c for c in CELLS if c.family == fam and (_is_size(c)
+                                                              or any(x.lr_from == c.name and _is_size(x) for x in CELLS))]:
             rec = load(records, cell)
             for v in MAIN:
                 runs = [r for r in final_runs(rec) if r["variant"] == v]
@@ -414,6 +469,11 @@ def main(argv: list[str] | None = None) -> None:
             final = final_runs(load(args.records, cell))
             if final:
                 plot_curves(FAMILIES[cell.family], final, args.records / f"{cell.name}_curves.png")
+        checks = budget_checks(args.records, cells)
+        if checks:
+            text += ("\n## Budget check: seed 0 at each variant's best lr, trained twice as long\n\n"
+                     + budget_table(checks) + "\n")
+            (args.records / "table.md").write_text(text)
         trend = size_trend(args.records, cells)
         if trend:
             text += "\n## Size trend\n\n" + size_table(trend) + "\n"

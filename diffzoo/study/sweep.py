@@ -33,6 +33,7 @@ a folder whose runs were trained with other extra arguments or ``--quick`` is re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -165,6 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                 "data.seq_len; cluttered: data.k, data.canvas; speech: "
                                                 "data.init_args.snr_fixed_db)")
     p.add_argument("--values", nargs="+", default=None, help="values of --knob")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="train for this many epochs instead of the family's study budget (the warm-up stays 5 %% "
+                        "of the steps; a budget check)")
     p.add_argument("--chance", type=int, default=0, metavar="N", help="score N random initialisations per variant")
     p.add_argument("--quick", action="store_true", help="smoke mode: each training is the recipe's few-step run")
     p.add_argument("--fresh", action="store_true", help="retrain runs already in results.json")
@@ -177,6 +181,10 @@ def main(argv: list[str] | None = None) -> dict:
     args, extra = p.parse_known_args(argv)
 
     family = FAMILIES[args.family]
+    if args.epochs is not None:
+        if family.budget is None:
+            p.error(f"--epochs: family {args.family} has no study budget to change")
+        family = dataclasses.replace(family, budget=dataclasses.replace(family.budget, epochs=args.epochs))
     variants = args.variants or [v for v in family.default_variants if v in family.variants]
     unknown = [v for v in variants if v not in family.variants]
     if unknown:
