@@ -153,7 +153,8 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         grid = sum(1 for r in runs if r["seed"] < FINAL_SEED)
         final = len(final_runs(rec))
         hours = sum(r.get("seconds", 0.0) for r in runs) / 3600
-        done = final >= cell.final_seeds * len(cell.variants)
+        done = (grid >= len(cell.variants)) if cell.epochs_factor is not None else \
+            final >= cell.final_seeds * len(cell.variants)
         lines.append(f"{cell.name:10s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
                      f"(planned about {planned_runs(cell)} runs), {hours:.2f} CPU-thread hours"
                      + (" - done" if done else ""))
