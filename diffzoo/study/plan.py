@@ -75,6 +75,7 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     Cell("speech", "speech"),
     Cell("clip", "clip"),
     Cell("lm", "lm"),
+    Cell("needle", "needle"),
     # the size trend: one encoder (vit digits) and the LM at three sizes each, >= 10x apart in parameters
     _size("vit-xs", "vit", ("--model.model_kwargs", '{"embed_dim": 48, "depth": 2}'), "vit", "42 k"),
     _size("vit-l", "vit", ("--model.model_kwargs", '{"embed_dim": 192, "depth": 6}'), "vit", "1.8 M"),
