@@ -26,14 +26,19 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "DEPTHS",
     "NeedleSample",
     "Tokenizer",
+    "fixed_needle_set",
     "make_needle_sample",
+    "needle_cells",
     "needle_masks",
     "needle_sample_from_seed",
     "needle_text",
     "query_text",
 ]
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # depths of the queried needle in evaluation contexts
 
 
 class Tokenizer(Protocol):
@@ -194,3 +199,56 @@ def needle_sample_from_seed(
     n = int(rng.choice(list(needle_counts)))
     d = float(rng.uniform()) if depth is None else depth
     return make_needle_sample(distractor, tokenizer, length, n, d, rng)
+
+
+def needle_cells(
+    distractor: np.ndarray,
+    tokenizer: Tokenizer,
+    length: int,
+    needle_counts: Sequence[int],
+    depths: Sequence[float],
+    samples: int,
+    seed: int = 0,
+) -> list[tuple[int, float, list[NeedleSample]]]:
+    """``samples`` contexts of ``length`` tokens for every (needle count, depth) cell, as
+    ``(count, depth, contexts)``, counts outer and depths inner.
+
+    Each cell's contexts come from a generator seeded by ``(seed, length, count, depth)`` only, so they do not
+    depend on the other cells, and the first ``k`` contexts of a cell are the same for any ``samples >= k``.
+    Cells whose needles do not fit ``length`` are left out.
+    """
+    cells = []
+    for count in needle_counts:
+        for depth in depths:
+            rng = np.random.default_rng([seed, length, count, int(round(depth * 1000))])
+            try:
+                cell = [make_needle_sample(distractor, tokenizer, length, count, depth, rng) for _ in range(samples)]
+            except ValueError:
+                continue  # the needles alone exceed this length
+            cells.append((count, depth, cell))
+    return cells
+
+
+def fixed_needle_set(
+    distractor: np.ndarray,
+    tokenizer: Tokenizer,
+    length: int,
+    total: int,
+    needle_counts: Sequence[int] = (1, 2, 4),
+    depths: Sequence[float] = DEPTHS,
+    seed: int = 0,
+) -> list[NeedleSample]:
+    """``total`` contexts of ``length`` tokens balanced over (needle count, depth): the cells of
+    :func:`needle_cells` taken in turn (context ``i`` is of cell ``i % cells``), so counts and depths differ by
+    at most one context whatever ``total`` is. The same arguments give the same contexts.
+
+    Raises ValueError when the largest needle count does not fit ``length`` or the distractor text is too short.
+    """
+    if total < 1:
+        raise ValueError(f"total={total} must be positive")
+    per_cell = -(-total // (len(needle_counts) * len(depths)))
+    cells = needle_cells(distractor, tokenizer, length, needle_counts, depths, per_cell, seed)
+    if len(cells) < len(needle_counts) * len(depths):
+        make_needle_sample(distractor, tokenizer, length, max(needle_counts), 0.5, np.random.default_rng(0))  # raises
+        raise ValueError(f"contexts of {length} tokens could not be built for needle counts {list(needle_counts)}")
+    return [cells[i % len(cells)][2][i // len(cells)] for i in range(total)]

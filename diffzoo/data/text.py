@@ -6,7 +6,8 @@ download; a ``tokenizer.json`` of the ``tokenizers`` package may be given instea
 
 Training windows start at random offsets drawn from ``(seed, epoch)`` only, so a run resumed from an
 epoch checkpoint sees exactly the windows the uninterrupted run would have seen. A fraction of the
-training windows can be replaced by key-information retrieval contexts (:mod:`.needles`).
+training windows can be replaced by key-information retrieval contexts (:mod:`.needles`), and fixed sets of
+such contexts cut from the held-out text can be scored at every validation and at test (``needle_eval``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .modules import _rank_world, check_train_loader, epoch_sampler
-from .needles import make_needle_sample, needle_sample_from_seed
+from .needles import DEPTHS, NeedleSample, fixed_needle_set, make_needle_sample, needle_sample_from_seed
 
 PathLike = str | os.PathLike
 
@@ -301,9 +302,16 @@ class TextDataModule(pl.LightningDataModule):
         test_windows: fixed test windows from the held-out part, after the validation windows (0: no test
             split; the validation windows are the same either way).
         needle_fraction: share of training windows replaced by retrieval contexts (0 = plain LM).
-        needle_counts: needle counts drawn for those contexts.
+        needle_counts: needle counts drawn for those contexts (and of the ``needle_eval`` contexts).
         seed: seed of the window order.
         num_workers: DataLoader workers.
+        needle_eval: retrieval contexts of ``seq_len + 1`` tokens in each of a fixed validation and a fixed test
+            set (0 = none), scored by the task as ``val/needle_acc`` at every validation and ``test/needle_acc``
+            at test (:meth:`needle_contexts`). Their distractor text is the held-out part of the corpus only:
+            its first half for validation, its second half for test. Counts (``needle_counts``) and depths
+            (0, 0.25, 0.5, 0.75, 1) are balanced.
+        needle_eval_seed: seed of those contexts (the validation set's; the test set's is ``needle_eval_seed + 1``),
+            independent of ``seed``, so that every run sees the same contexts.
     """
 
     def __init__(
@@ -321,11 +329,15 @@ class TextDataModule(pl.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         test_windows: int = 0,
+        needle_eval: int = 0,
+        needle_eval_seed: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         if test_windows < 0:
             raise ValueError(f"data.test_windows={test_windows} must be 0 (no test split) or positive")
+        if needle_eval < 0:
+            raise ValueError(f"data.needle_eval={needle_eval} must be 0 (no retrieval contexts) or positive")
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1")
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("train_windows", train_windows),
@@ -338,6 +350,8 @@ class TextDataModule(pl.LightningDataModule):
         self.train_set: TokenWindows | None = None
         self.val_set: TokenWindows | None = None
         self.test_set: TokenWindows | None = None
+        self.needle_val: list[NeedleSample] = []
+        self.needle_test: list[NeedleSample] = []
 
     @property
     def has_test_split(self) -> bool:
@@ -377,6 +391,25 @@ class TextDataModule(pl.LightningDataModule):
                 make_needle_sample(self.train_set.tokens, self.tokenizer, L + 1, most, 0.5, np.random.default_rng(0))
             except ValueError as e:
                 raise ValueError(f"seq_len={L} is too short for needle_counts up to {most}: {e}") from None
+        if hp.needle_eval:
+            held = load_tokens(self.token_path)[split:n]
+            half = len(held) // 2
+            kw = dict(tokenizer=self.tokenizer, length=L + 1, total=hp.needle_eval, needle_counts=hp.needle_counts,
+                      depths=DEPTHS)
+            try:
+                self.needle_val = fixed_needle_set(held[:half], seed=hp.needle_eval_seed, **kw)
+                self.needle_test = fixed_needle_set(held[half:], seed=hp.needle_eval_seed + 1, **kw)
+            except ValueError as e:
+                raise ValueError(f"data.needle_eval={hp.needle_eval}: contexts of seq_len + 1 = {L + 1} tokens with "
+                                 f"needle_counts up to {max(hp.needle_counts)} from each half of the held-out "
+                                 f"{n - split} tokens: {e}") from None
+
+    def needle_contexts(self, stage: str) -> list[NeedleSample]:
+        """The fixed retrieval contexts of ``stage`` (``"val"`` or ``"test"``); empty with ``needle_eval=0``
+        or before :meth:`setup`."""
+        if stage not in ("val", "test"):
+            raise ValueError(f"stage={stage!r}: expected 'val' or 'test'")
+        return self.needle_val if stage == "val" else self.needle_test
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams

@@ -11,7 +11,7 @@ load the model to score with :mod:`diffzoo.weights`.
 """
 
 from .metrics import finite_rows, wrong_where_nonfinite
-from .retrieval import attention_scores, evaluate_retrieval
+from .retrieval import answer_hits, attention_scores, evaluate_retrieval, retrieval_hits
 from .zeroshot import (
     caption_relevance,
     encode_pairs,
@@ -23,12 +23,14 @@ from .zeroshot import (
 )
 
 __all__ = [
+    "answer_hits",
     "attention_scores",
     "caption_relevance",
     "encode_pairs",
     "evaluate_retrieval",
     "finite_rows",
     "pair_retrieval",
+    "retrieval_hits",
     "retrieval_recall",
     "topk_hits",
     "wrong_where_nonfinite",

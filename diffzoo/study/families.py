@@ -68,6 +68,7 @@ def _plain_seed(s: int) -> list[str]:
 _LIMITS = ("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
            "--trainer.log_every_n_steps", "1")
 _MAIN = ("softmax", "diff", "diff_v2_matched")  # the variants of the headline table, on every family
+NEEDLE_EVAL = 480  # retrieval contexts in each of the needle family's validation and test sets (32 per count x depth)
 FAMILIES: dict[str, Family] = {
     "vit": Family(
         "recipes.vit_imagenet", attn_variants(_variant_names()), "val/top1", "test/top1",
@@ -91,6 +92,18 @@ FAMILIES: dict[str, Family] = {
         _plain_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), higher_is_better=False, scale=1.0,
         default_variants=_MAIN,
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0",
+                   "--data.test_windows", "128", "--data.val_windows", "128"),
+        budget=Budget(epochs=20, steps_per_epoch=100)),
+    # the LM's recipe with half of the training windows retrieval contexts, selected and reported on needle
+    # retrieval: fixed sets of NEEDLE_EVAL contexts cut from the held-out text (the same for every run), 129 bytes
+    # each (4 needles, query and answer take 118, so 11 distractor bytes remain with 4 needles, 83 with 1)
+    "needle": Family(
+        "recipes.lm", attn_variants(_variant_names()), "val/needle_acc", "test/needle_acc",
+        f"needle retrieval exact match %, {NEEDLE_EVAL} contexts of 129 bytes with 1, 2 or 4 needles from held-out "
+        "pydoc text, lm_tiny trained with half of its windows retrieval contexts", "lm_pydoc.yaml", _plain_seed,
+        _LIMITS + ("--trainer.limit_test_batches", "2"), chance=1e-3, default_variants=_MAIN,
+        base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0.5",
+                   "--data.needle_counts", "[1, 2, 4]", "--data.needle_eval", str(NEEDLE_EVAL),
                    "--data.test_windows", "128", "--data.val_windows", "128"),
         budget=Budget(epochs=20, steps_per_epoch=100)),
     "mqar": Family(

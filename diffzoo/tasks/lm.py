@@ -1,4 +1,5 @@
-"""Causal language modelling as a LightningModule: AdamW + warmup + cosine, validation loss and perplexity.
+"""Causal language modelling as a LightningModule: AdamW + warmup + cosine, validation loss and perplexity, and
+needle-retrieval accuracy when the data holds fixed retrieval contexts (``TextDataModule(needle_eval=N)``).
 
 Gradient accumulation is the Trainer's (``accumulate_grad_batches``); the learning-rate schedule counts
 optimizer steps. Checkpoints carry the Python/NumPy/torch RNG states, so a resumed run continues exactly.
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from ..evaluation.retrieval import retrieval_hits
 from ..models.lm import LM_PRESETS, CausalLM, LMConfig, preset_args
 from ..weights.convert import converted_lambda_init, load_init_from
 from ..weights.export import export_lm
@@ -102,14 +104,33 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", sync_dist=True)
         self.log(f"{stage}/ppl", torch.exp(loss), sync_dist=True)
 
+    def _needle_contexts(self, stage: str) -> list:
+        """The data's fixed retrieval contexts of ``stage`` (none when the data has none)."""
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        contexts = getattr(data, "needle_contexts", None)
+        return contexts(stage) if contexts is not None else []
+
+    def _log_needle_acc(self, stage: str) -> None:
+        """``{stage}/needle_acc``: share of the data's retrieval contexts whose answer the model produces exactly
+        (:func:`~diffzoo.evaluation.retrieval.retrieval_hits`); every rank scores all of them."""
+        contexts = self._needle_contexts(stage)
+        if not contexts or self.trainer.sanity_checking:
+            return
+        batch_size = getattr(getattr(self.trainer.datamodule, "hparams", None), "batch_size", 16)
+        with self.trainer.precision_plugin.forward_context():  # the precision the validation loss is computed in
+            hits = retrieval_hits(self.model, contexts, batch_size=batch_size)
+        self.log(f"{stage}/needle_acc", hits.float().mean().to(self.device), sync_dist=True)
+
     def on_validation_epoch_end(self) -> None:
         self._log_eval_loss("val")
+        self._log_needle_acc("val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
 
     def on_test_epoch_end(self) -> None:
         self._log_eval_loss("test")
+        self._log_needle_acc("test")
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
         """Per window: ``loss`` (mean next-token cross-entropy, nats) and ``accuracy`` (share of next tokens
@@ -120,10 +141,18 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
         return {"loss": loss, "accuracy": (logits.argmax(-1) == y).float().mean(dim=1)}
 
     def describe_metric(self, key: str, datamodule: Any = None) -> str | None:
-        """Words for ``val/loss`` / ``test/loss`` / ``*/ppl`` including the data they were measured on."""
+        """Words for ``val/loss`` / ``test/loss`` / ``*/ppl`` / ``*/needle_acc`` including the data they were
+        measured on."""
         stage, _, name = key.partition("/")
-        if stage not in ("val", "test") or name not in ("loss", "ppl"):
+        if stage not in ("val", "test") or name not in ("loss", "ppl", "needle_acc"):
             return None
+        if name == "needle_acc":
+            contexts = getattr(datamodule, "needle_contexts", None)
+            contexts = contexts(stage) if contexts is not None else []
+            where = (f" on {len(contexts):,} fixed contexts of {len(contexts[0].tokens)} tokens from held-out text"
+                     if contexts else "")
+            return (f"{'validation' if stage == 'val' else 'test'} needle retrieval: share of contexts whose "
+                    f"answer is produced exactly{where}")
         what = "cross-entropy (nats per token)" if name == "loss" else "perplexity"
         windows = getattr(datamodule, "val_set", None)
         where = f" on {len(windows):,} held-out windows of {datamodule.hparams.seq_len} tokens" if windows else ""
