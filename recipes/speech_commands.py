@@ -3,7 +3,8 @@
 With no arguments, trains ``diffkwt_nano`` on the embedded default (Speech Commands words spoken by
 espeak-ng voices, noise mixed in, voice-disjoint splits; synthesised and cached under
 ``data/cache/speech_synth/`` on first use) in a few minutes on 2 CPU cores, then scores the test voices,
-and saves checkpoints, ``summary.json`` and ``model.safetensors`` under ``outputs/speech_commands/version_N/``.
+and saves checkpoints, ``summary.json``, ``model.safetensors`` and ``test_clips.csv`` (every test clip's
+prediction with its voice and SNR) under ``outputs/speech_commands/version_N/``.
 
     python -m recipes.speech_commands                                     # configs/speech_synth.yaml
     python -m recipes.speech_commands --model.model softkwt_nano --seed_everything 1
@@ -23,7 +24,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
-from diffzoo.tasks.callbacks import RunSummary
+from diffzoo.tasks.callbacks import RunSummary, TestClipsCSV
 from diffzoo.tasks.speech import SpeechClassificationTask
 from recipes._cli import TestAfterFit, add_run_callbacks, launch
 
@@ -37,6 +38,7 @@ class SpeechCLI(TestAfterFit, LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         add_run_callbacks(parser, RunSummary, monitor="val/top1", mode="max")
+        parser.add_lightning_class_args(TestClipsCSV, "test_clips")  # every scored test clip, voice and SNR
         self.add_test_after_fit(parser)
 
 

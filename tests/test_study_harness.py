@@ -423,12 +423,13 @@ def test_chance_rows_report_every_logged_score_but_not_losses_or_counts():
 
     family = FAMILIES["clip"]
     scored = [{"variant": "softmax", "seed": s, "metrics": {
-        "val/zs_top1": 0.1 + s / 100, "val/zs_pair": 0.7 + s / 10, "val/loss": 4.0, "val/evaluated": 300.0,
-        "val/skipped": 0.0, "train/loss": 9.0}} for s in range(3)]
+        "val/mean_recall": 0.3 + s / 100, "val/zs_top1": 0.1 + s / 100, "val/zs_pair": 0.7 + s / 10,
+        "val/loss": 4.0, "val/evaluated": 300.0, "val/skipped": 0.0, "train/loss": 9.0}} for s in range(3)]
     rows = {r["metric"]: r for r in tables.chance_rows(family, scored)}
-    assert set(rows) == {"val/zs_top1", "val/zs_pair (%)"}
+    assert set(rows) == {"val/mean_recall", "val/zs_top1 (%)", "val/zs_pair (%)"}  # the family's own metric first
     assert rows["val/zs_pair (%)"]["mean"] == pytest.approx(80.0) and rows["val/zs_pair (%)"]["n"] == 3
-    assert (rows["val/zs_top1"]["min"], rows["val/zs_top1"]["max"]) == pytest.approx((10.0, 12.0))
+    assert (rows["val/mean_recall"]["min"], rows["val/mean_recall"]["max"]) == pytest.approx((30.0, 32.0))
+    assert rows["val/zs_top1 (%)"]["mean"] == pytest.approx(11.0)
 
 
 def test_chance_rows_keep_other_scores_as_logged_in_a_family_of_losses():

@@ -11,7 +11,9 @@ Audio is checked when read (:func:`load_audio`): multi-channel files are mixed d
 rates resampled (logged once); unreadable, empty or non-finite files raise :class:`AudioError`, and a
 data set skips such a file, logs it and counts it once in ``num_bad``; a training split serves the next clip
 instead, an evaluation split leaves it out (its loaders are :class:`~diffzoo.data.skipping.EvalDataLoader`).
-Batches are ``(waveform (B, T) float, label (B,) int64, length (B,) valid samples)``.
+Batches are ``(waveform (B, T) float, label (B,) int64, length (B,) valid samples)``. The evaluation splits
+describe each clip with ``clip_info(index)`` (its voice or speaker, and the SNR its noise was mixed at), which
+the per-clip test file (``test_clips.csv``, :class:`~diffzoo.tasks.callbacks.TestClipsCSV`) records.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -288,6 +291,12 @@ class SpeechCommandsKeywords(_SkipsBadAudio):
         n = self.items[index][0]
         return f"{self.source.get_metadata(n)[0]} ({self.split})" if n >= 0 else f"silence clip {index}"
 
+    def clip_info(self, index: int) -> dict[str, Any]:
+        """``{"voice", "snr_db"}`` of clip ``index``: its speaker id (None for a silence clip); ``snr_db`` is
+        None, since evaluation clips are read as recorded, with no noise mixed in at a set ratio."""
+        n = self.items[index][0]
+        return {"voice": self.source.get_metadata(n)[3] if n >= 0 else None, "snr_db": None}
+
     def _background(self, num_samples: int, generator: torch.Generator | None) -> Tensor:
         noise = self.backgrounds[int(torch.randint(len(self.backgrounds), (1,), generator=generator))]
         if len(noise) < num_samples:
@@ -327,6 +336,8 @@ class SynthKeywordDataset(_SkipsBadAudio):
         silence_db: range of the level (dB of full scale, RMS) of noise-only silence clips.
         time_shift_ms: training only: random shift of up to this many milliseconds.
         seed: seed of the unknown subset and of the evaluation noise.
+        voice_names: the names the ``voices`` indices refer to (the split's espeak-ng variants), for
+            :meth:`clip_info`; None names a voice by its index.
     """
 
     def __init__(
@@ -341,9 +352,11 @@ class SynthKeywordDataset(_SkipsBadAudio):
         time_shift_ms: float = 100.0,
         seed: int = 0,
         sample_rate: int = 16000,
+        voice_names: Sequence[str] | None = None,
     ) -> None:
         self.classes = class_names(num_classes)
         self.split, self.training, self.seed = split, split == "train", seed
+        self.voice_names = list(voice_names) if voice_names is not None else None
         self.snr_db, self.gain_db, self.silence_db = snr_db, gain_db, silence_db
         self.max_shift = int(time_shift_ms * sample_rate / 1000) if self.training else 0
         self.waves = data["waves"]
@@ -376,7 +389,10 @@ class SynthKeywordDataset(_SkipsBadAudio):
     def describe(self, index: int) -> str:
         return f"synthesised clip {self.rows[index]} ({self.split})"
 
-    def get(self, index: int) -> tuple[Tensor, int, int]:
+    def _render(self, index: int) -> tuple[Tensor, float | None]:
+        """Clip ``index`` with its noise mixed in, and the speech-to-noise ratio it was mixed at (None for a
+        silence clip, which is noise only). Evaluation splits draw from a generator seeded by the clip, so
+        rendering a clip again gives the same wave and ratio."""
         gen = None if self.training else _eval_generator(self.seed, self.split, index)
         wave = self.waves[self.rows[index]].float() / 32767.0
 
@@ -385,11 +401,34 @@ class SynthKeywordDataset(_SkipsBadAudio):
 
         noise = colored_noise(len(wave), beta=2.0 * float(torch.rand((), generator=gen)), generator=gen)
         if self.classes[self.labels[index]] == SILENCE:
-            wave = noise * 10 ** (uniform(self.silence_db) / 20)
-        else:
-            wave = time_shift(wave * 10 ** (uniform(self.gain_db) / 20), self.max_shift)
-            wave = mix_noise(wave, noise, uniform(self.snr_db))
+            return noise * 10 ** (uniform(self.silence_db) / 20), None
+        wave = time_shift(wave * 10 ** (uniform(self.gain_db) / 20), self.max_shift)
+        snr = uniform(self.snr_db)
+        return mix_noise(wave, noise, snr), snr
+
+    def get(self, index: int) -> tuple[Tensor, int, int]:
+        wave, _ = self._render(index)
         return wave, self.labels[index], len(wave)
+
+    def clip_info(self, index: int) -> dict[str, Any]:
+        """``{"voice", "snr_db"}`` of clip ``index``: the espeak-ng voice that spoke it (None for silence) and
+        the speech-to-noise ratio in dB its noise was mixed at (None for silence, which is noise only).
+
+        The ratio is the one :meth:`get` uses: the split's fixed value, or the value drawn for this clip from
+        ``snr_db`` by its seeded generator (the clip is rendered again to read it). A training split draws
+        afresh on every read, so it has no ratio per clip and raises ``ValueError``.
+        """
+        if self.training:
+            raise ValueError("a training split draws its noise afresh on every read: no fixed SNR per clip")
+        v = int(self.voices[index])
+        voice = None if v < 0 else (self.voice_names[v] if self.voice_names is not None else str(v))
+        if self.classes[self.labels[index]] == SILENCE:
+            snr = None
+        elif self.snr_db[0] == self.snr_db[1]:
+            snr = float(self.snr_db[0])
+        else:
+            snr = self._render(index)[1]
+        return {"voice": voice, "snr_db": snr}
 
 
 # -- DataModules -----------------------------------------------------------------------------------
@@ -487,7 +526,7 @@ class SynthKeywordsDataModule(_AudioDataModule):
             silence_db=tuple(hp.silence_db), time_shift_ms=hp.time_shift_ms, seed=hp.split_seed,
         )
         self.train_set, self.val_set, self.test_set = (
-            SynthKeywordDataset(data[split], split=split, **common) for split in SPLITS
+            SynthKeywordDataset(data[split], split=split, voice_names=self.voices[split], **common) for split in SPLITS
         )
 
 

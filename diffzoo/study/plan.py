@@ -34,7 +34,7 @@ from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves
 from .recipe import RECIPE, lr_grid
 from .sweep import FINAL_SEED
-from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau
+from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
 MAIN = ("softmax", "diff", "diff_v2_matched")
 ABLATION_VARIANTS = ("softmax_wide", "diff_nonorm", "diff_const")
@@ -472,6 +472,12 @@ def main(argv: list[str] | None = None) -> None:
             final = final_runs(load(args.records, cell))
             if final:
                 plot_curves(FAMILIES[cell.family], final, args.records / f"{cell.name}_curves.png")
+        for cell in (c for c in cells if c.family == "speech" and c.lr_from is None):
+            voices = speech_voice_stats(load(args.records, cell))
+            if voices["rows"]:
+                text += ("\n## Speech: test voices resampled, and the gap against SNR\n\n"
+                         + speech_voice_table(voices) + "\n")
+                (args.records / "table.md").write_text(text)
         checks = budget_checks(args.records, cells)
         if checks:
             text += ("\n## Budget check: seed 0 at each variant's best lr, trained twice as long\n\n"

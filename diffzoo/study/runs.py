@@ -44,6 +44,25 @@ def read_run(folder: Path, curves: Sequence[str], steps: bool = False) -> dict:
     return {"summary": json.loads((log_dir / "summary.json").read_text()), "curves": out}
 
 
+TEST_CLIPS_FILE = "test_clips.csv"  # as diffzoo.tasks.callbacks.clips writes it (not imported: no Lightning here)
+
+
+def read_test_clips(folder: Path, snr_digits: int = 2) -> list[list] | None:
+    """The per-clip test results of the newest run in ``folder`` (its ``test_clips.csv``) in a compact form:
+    one ``[voice, snr_db, label, pred]`` per clip in the order of the clips' indices (``voice`` and ``snr_db``
+    None where the clip has none, e.g. silence; ``snr_db`` rounded to ``snr_digits``). None when the run
+    wrote no such file, or its rows are not the clips ``0 .. n-1`` (they could not be matched across runs)."""
+    path = latest_log_dir(folder) / TEST_CLIPS_FILE
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        rows = sorted(csv.DictReader(f), key=lambda r: int(r["index"]))
+    if [int(r["index"]) for r in rows] != list(range(len(rows))):
+        return None
+    return [[r["voice"] or None, round(float(r["snr_db"]), snr_digits) if r["snr_db"] else None, int(r["label"]),
+             int(r["pred"])] for r in rows]
+
+
 def last_logged(metrics_csv: Path) -> dict[str, float]:
     """Every value of a ``metrics.csv`` as last logged (the columns ``epoch`` and ``step`` left out)."""
     values: dict[str, float] = {}

@@ -24,7 +24,9 @@ every knob value; the table and plot show the metric against the knob.
 
 Every run is ``python -m <recipe>`` in a fresh process (:mod:`diffzoo.study.runs`), logging the validation
 metric and ``train/grad_norm`` (:class:`diffzoo.tasks.monitor.GradNormMonitor`); a run that meets a
-non-finite loss stops and is reported as diverged. Written to ``--out`` (default
+non-finite loss stops and is reported as diverged. A run that scores the test set clip by clip (speech:
+``test_clips.csv``) keeps, when it is a final run, each clip's ``[voice, snr_db, label, pred]`` in its record
+(``test_clips``), for :func:`diffzoo.study.tables.speech_voice_stats`. Written to ``--out`` (default
 ``outputs/sweep/<family>/``): ``results.json`` (every run, reused on the next call unless ``--fresh``;
 a folder whose runs were trained with other extra arguments or ``--quick`` is refused rather than mixed),
 ``sweep.md`` / ``knob.md`` / ``chance.md`` and ``curves.png`` / ``knob.png``.
@@ -44,7 +46,16 @@ from typing import Any
 from .families import FAMILIES, Family, lr_tag, metric_value, run_name
 from .plots import plot_curves, plot_knob
 from .recipe import lr_grid, recipe_args
-from .runs import last_logged, latest_log_dir, read_divergence, read_run, recipe_command, run_jobs, train
+from .runs import (
+    last_logged,
+    latest_log_dir,
+    read_divergence,
+    read_run,
+    read_test_clips,
+    recipe_command,
+    run_jobs,
+    train,
+)
 from .tables import (
     ablation_rows,
     ablation_table,
@@ -78,6 +89,9 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
         record["seconds"] = train(recipe_command(family.recipe, runs, name, args), runs / f"{name}.log")
         record.update(read_run(runs / name, (family.val_metric, "train/grad_norm"), steps=True))
         record["diverged"] = read_divergence(runs / name)
+        clips = read_test_clips(runs / name) if seed >= FINAL_SEED else None
+        if clips is not None:  # recipes that score each test clip (speech): [voice, snr_db, label, pred] per clip
+            record["test_clips"] = clips
     except (RuntimeError, FileNotFoundError) as e:
         # a run that diverged stops with an error on purpose (and writes its divergence record): not a failure
         diverged = read_divergence(runs / name)
@@ -142,6 +156,28 @@ def score_untrained(family: Family, out: Path, variant: str, seed: int, quick: b
     seconds = train(cmd, folder / f"{name}.log")
     return {"variant": variant, "seed": seed, "seconds": seconds, "metrics": last_logged(
         latest_log_dir(folder / name) / "metrics.csv")}
+
+
+def dump_records(results: dict) -> str:
+    """``results`` as JSON, indented by one space, except each run's ``test_clips``: one clip per line
+    (``["voice", snr_db, label, pred]``) instead of one value per line, which keeps a records file with
+    per-clip results a few kB per run. ``json.loads`` reads it back unchanged."""
+    blobs: dict[str, list] = {}
+    runs = results.get("runs")
+    if isinstance(runs, dict):
+        slim = {}
+        for name, r in runs.items():
+            if isinstance(r, dict) and isinstance(r.get("test_clips"), list):
+                key = f"\x00test_clips {len(blobs)}"  # a string no record holds
+                blobs[json.dumps(key)] = r["test_clips"]
+                r = {**r, "test_clips": key}
+            slim[name] = r
+        results = {**results, "runs": slim}
+    text = json.dumps(results, indent=1)
+    for key, rows in blobs.items():
+        lines = ",\n".join("    " + json.dumps(row, separators=(",", ":")) for row in rows)
+        text = text.replace(key, "[\n" + lines + "\n   ]" if rows else "[]", 1)
+    return text
 
 
 def _load(path: Path) -> dict:
@@ -219,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     def save() -> None:
         results["runs"] = cache
         tmp = results_path.with_name(results_path.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
+        tmp.write_text(dump_records(results))
         tmp.replace(results_path)  # a run killed while saving leaves the previous records whole
 
     digits = 2 if family.scale != 1.0 else 3

@@ -1,6 +1,7 @@
 """Selection and statistics of a study's records: each variant's best learning rate, the comparison of
 every variant with a reference (:func:`diffzoo.stats.compare`, Holm's correction over a table), ablations
-against the variant each one changes, the scores of untrained models, and their markdown tables."""
+against the variant each one changes, the scores of untrained models, the per-clip statistics of the
+speech runs (voices resampled, the gap against the SNR), and their markdown tables."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..stats import compare, holm
-from .families import Family, lr_tag, metric_value
+from ..stats import cluster_bootstrap_diff, compare, holm, snr_interaction
+from .families import FAMILIES, Family, lr_tag, metric_value
 from .recipe import PLATEAU_ABS, PLATEAU_TAIL, PLATEAU_TOL, plateau
 
 
@@ -224,3 +225,81 @@ def plateau_text(family: Family, runs: list[dict]) -> str:
     return (f"Plateau (validation {family.val_metric} improved by less than {100 * PLATEAU_TOL:g} % of its value, "
             + (f"or {100 * PLATEAU_ABS:g} points, " if family.scale != 1.0 else "")
             + f"over the last {100 * PLATEAU_TAIL:g} % of the steps): " + "; ".join(parts) + ".")
+
+
+def speech_voice_stats(records: dict, reference: str = "softmax", n_boot: int = 10_000, seed: int = 0) -> dict:
+    """Per-clip statistics of a speech records file (a sweep's ``results.json``, loaded): every variant
+    against ``reference`` by :func:`diffzoo.stats.cluster_bootstrap_diff` (test voices resampled as clusters,
+    silence clips as their own stratum, seeds resampled within each variant) and
+    :func:`diffzoo.stats.snr_interaction` (logit scale, variant labels permuted across runs).
+
+    The runs used are the final runs (seed >= 100, no knob) at each variant's best lr that carry
+    ``test_clips`` (runs recorded before the sweep kept them have none and are skipped); runs whose clips
+    (voice, SNR, label of each) differ from the reference's first run are left out and counted in
+    ``mismatched``. Accuracies and their differences are in the family's scale (percent for speech); SNR
+    slopes are log-odds per dB. The interaction is None when the clips' SNR does not vary (a fixed-SNR run).
+
+    Returns ``{"reference", "metric", "clips", "voices", "unclustered", "mismatched", "rows"}`` with one row per
+    other variant: ``{"variant", "n", "n_reference", "bootstrap", "interaction"}``.
+    """
+    family = FAMILIES.get(records.get("family", "speech"), FAMILIES["speech"])
+    best = {v: b.get("lr") for v, b in (records.get("best") or {}).items()}
+    runs = [r for r in (records.get("runs") or {}).values()
+            if r.get("test_clips") and not r.get("knob") and r.get("seed", 0) >= 100 and best.get(r["variant"]) == r["lr"]
+            and not r.get("diverged") and not r.get("failed")]
+    out: dict[str, Any] = {"reference": reference, "metric": "per-clip test correctness", "clips": 0, "voices": 0,
+                           "unclustered": 0, "mismatched": 0, "rows": []}
+    ref_runs = sorted((r for r in runs if r["variant"] == reference), key=lambda r: r["seed"])
+    if not ref_runs:
+        return out
+    table = [tuple(c[:3]) for c in ref_runs[0]["test_clips"]]  # (voice, snr_db, label) of every clip
+    same = [r for r in runs if [tuple(c[:3]) for c in r["test_clips"]] == table]
+    out["mismatched"] = len(runs) - len(same)
+    voices = [c[0] for c in table]
+    snrs = [c[1] for c in table]
+    out.update(clips=len(table), voices=len({v for v in voices if v is not None}),
+               unclustered=sum(1 for v in voices if v is None))
+
+    def correct(variant: str) -> list[list[float]]:
+        chosen = sorted((r for r in same if r["variant"] == variant), key=lambda r: r["seed"])
+        return [[float(c[2] == c[3]) for c in r["test_clips"]] for r in chosen]
+
+    b = correct(reference)
+    scale = family.scale
+    varies = len({x for x in snrs if x is not None}) > 1
+    for variant in dict.fromkeys(r["variant"] for r in same):
+        if variant == reference:
+            continue
+        a = correct(variant)
+        boot = cluster_bootstrap_diff(a, b, voices, n_boot=n_boot, seed=seed).as_dict()
+        for key in ("diff", "mean_a", "mean_b", "ci_low", "ci_high"):
+            boot[key] *= scale
+        for c in boot["by_cluster"]:
+            for key in ("mean_a", "mean_b", "diff"):
+                c[key] *= scale
+        inter = snr_interaction(a, b, snrs, seed=seed).as_dict() if varies else None
+        if inter is not None:
+            for g in inter["gap_by_bin"]:
+                for key in ("mean_a", "mean_b", "diff"):
+                    g[key] *= scale
+        out["rows"].append({"variant": variant, "n": len(a), "n_reference": len(b), "bootstrap": boot,
+                            "interaction": inter})
+    return out
+
+
+def speech_voice_table(result: dict, digits: int = 2) -> str:
+    """Markdown: one line per row of :func:`speech_voice_stats`."""
+    ref = result["reference"]
+    lines = [f"| variant | runs (vs {ref}) | diff vs {ref}, voices resampled [95 % CI] | p boot | "
+             "SNR slope diff (log-odds/dB) [95 % CI] | p perm | gap per SNR third (low → high) |", "|" + "---|" * 7]
+    for r in result["rows"]:
+        b, s = r["bootstrap"], r["interaction"]
+        cells = [r["variant"], f"{r['n']} ({r['n_reference']})",
+                 f"{b['diff']:+.{digits}f} [{fmt(b['ci_low'], digits)}, {fmt(b['ci_high'], digits)}]", fmt_p(b["p"])]
+        if s is None:
+            cells += ["– (SNR fixed)", "–", "–"]
+        else:
+            cells += [f"{s['diff']:+.4f} [{fmt(s['ci_low'], 4)}, {fmt(s['ci_high'], 4)}]", fmt_p(s["p_perm"]),
+                      ", ".join(f"{g['diff']:+.{digits}f}" for g in s["gap_by_bin"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -208,8 +208,9 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
                 f"{evaluated} sample(s) on this device (see the log for which)"
             )
 
-    def _evaluate(self, batch: Sequence[Tensor], stage: str) -> None:
-        """Log ``<stage>/loss``, ``/top1``, ``/top5`` (and ``/top1_ema``) of one validation or test batch."""
+    def _evaluate(self, batch: Sequence[Tensor], stage: str) -> Tensor:
+        """Log ``<stage>/loss``, ``/top1``, ``/top5`` (and ``/top1_ema``) of one validation or test batch;
+        returns the model's logits (those the metrics scored)."""
         inputs, y = self.split_batch(batch)
         self.count_evaluated(len(y))
         logits = self(*inputs)
@@ -223,6 +224,7 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
             ema_top1 = self.val_top1_ema if stage == "val" else self.test_top1_ema
             ema_top1(self.ema.module(*inputs), y)
             self.log(f"{stage}/top1_ema", ema_top1, on_epoch=True)
+        return logits
 
     def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")

@@ -12,6 +12,8 @@
 * :mod:`.progress`: :class:`ProgressLines` prints one line per epoch (and every N steps) when stdout is not
   a terminal.
 * :mod:`.predictions`: :class:`PredictionsCSV` writes what ``predict_step`` returns to ``predictions.csv``.
+* :mod:`.clips`: :class:`TestClipsCSV` writes every test clip's prediction with its voice and SNR to
+  ``test_clips.csv`` (the speech recipe).
 * :mod:`.curves`: :class:`RunCurves` logs to TensorBoard beside the CSV and draws ``curves.png`` when ``fit``
   ends.
 
@@ -19,6 +21,7 @@ Every name is importable from ``diffzoo.tasks.callbacks`` (configs name them so)
 """
 
 from .checkpoints import BestAndLastCheckpoint, SafeCheckpointIO, SafeCheckpointReading
+from .clips import TEST_CLIPS_COLUMNS, TEST_CLIPS_FILE, TestClipsCSV
 from .curves import RunCurves, draw_curves, layer_lambdas, plotted_metrics
 from .guard import DIVERGENCE_FILE, GuardedTraining, TrainingDiverged, TrainingGuard, stop_diverged
 from .interrupt import InterruptCheckpoint, TrainingInterrupted
@@ -28,6 +31,8 @@ from .summary import RunSummary, metric_files, refuse_empty_budget, require_trai
 
 __all__ = [
     "DIVERGENCE_FILE",
+    "TEST_CLIPS_COLUMNS",
+    "TEST_CLIPS_FILE",
     "BestAndLastCheckpoint",
     "GuardedTraining",
     "InterruptCheckpoint",
@@ -37,6 +42,7 @@ __all__ = [
     "RunSummary",
     "SafeCheckpointIO",
     "SafeCheckpointReading",
+    "TestClipsCSV",
     "TrainingDiverged",
     "TrainingGuard",
     "TrainingInterrupted",
