@@ -32,6 +32,13 @@ def test_the_variant_names_are_defined_once() -> None:
              for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Constant) and node.value in names]
     assert len(found) == len(names) and all(f.startswith("diffzoo/layers/spec.py:") for f in found), found
     assert {v for pair in ABLATIONS for v in pair[:2]} <= set(VARIANTS)
+    from diffzoo.layers.spec import ABLATION_VARIANTS, MAIN_VARIANTS
+
+    # the study's groups, derived from the specs: the plain layer of each kind at softmax's parameter count,
+    # and the one-change ablations (diff_v2, unmatched, is in neither)
+    assert [VARIANTS[v].kind for v in MAIN_VARIANTS] == ["softmax", "diff", "diff_v2"]
+    assert VARIANTS[MAIN_VARIANTS[2]].match_params and len(ABLATION_VARIANTS) == 3
+    assert not set(MAIN_VARIANTS) & set(ABLATION_VARIANTS) and len(VARIANTS) == 7
 
 
 def test_lambda_init_is_written_only_by_the_constructor() -> None:

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["LAYER_KINDS", "VARIANTS", "AttnKind", "AttnSpec", "get_spec", "lambda_init_schedule", "spec_names"]
+__all__ = ["ABLATION_VARIANTS", "LAYER_KINDS", "MAIN_VARIANTS", "VARIANTS", "AttnKind", "AttnSpec", "get_spec", "lambda_init_schedule", "spec_names"]
 
 AttnKind = Literal["softmax", "diff", "diff_v2"]
 LAYER_KINDS: tuple[str, ...] = ("softmax", "diff", "diff_v2")
@@ -140,6 +140,20 @@ VARIANTS: dict[str, AttnSpec] = {s.name: s for s in (
     AttnSpec("diff_v2_matched", "diff_v2", "V2 with a narrower feed-forward, parameter-matched to softmax",
              match_params=True),
 )}
+
+
+
+
+def _plain(s: AttnSpec) -> bool:
+    return s.head_scale == 1.0 and s.sub_norm and s.lambda_init is None
+
+
+# How the study groups them (derived, so that each name is written once, above): the three it compares on
+# every task are the plain layer of each kind at the softmax parameter count (softmax, V1, V2 matched); the
+# ablations change one thing of softmax or V1 (head layout, per-head norm, lambda_init).
+MAIN_VARIANTS: tuple[str, ...] = tuple(n for n, s in VARIANTS.items()
+                                       if _plain(s) and (s.kind != "diff_v2" or s.match_params))
+ABLATION_VARIANTS: tuple[str, ...] = tuple(n for n, s in VARIANTS.items() if not _plain(s))
 
 
 def spec_names() -> list[str]:

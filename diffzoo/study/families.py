@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..layers.spec import MAIN_VARIANTS
 from .recipe import Budget
 
 # Arguments every run gets from the recipes without a built-in gradient-norm monitor.
@@ -67,7 +68,7 @@ def _plain_seed(s: int) -> list[str]:
 
 _LIMITS = ("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
            "--trainer.log_every_n_steps", "1")
-_MAIN = ("softmax", "diff", "diff_v2_matched")  # the variants of the headline table, on every family
+_MAIN = MAIN_VARIANTS  # the variants of the headline table, on every family
 NEEDLE_EVAL = 480  # retrieval contexts in each of the needle family's validation and test sets (32 per count x depth)
 FAMILIES: dict[str, Family] = {
     "vit": Family(

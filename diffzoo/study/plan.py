@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..layers.spec import ABLATION_VARIANTS, MAIN_VARIANTS
 from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves
@@ -36,8 +37,8 @@ from .recipe import RECIPE, lr_grid
 from .sweep import FINAL_SEED
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
-MAIN = ("softmax", "diff", "diff_v2_matched")
-ABLATION_VARIANTS = ("softmax_wide", "diff_nonorm", "diff_const")
+MAIN = MAIN_VARIANTS
+SHORT = dict(zip(MAIN, ("softmax", "V1", "V2")))  # the main variants' names in plots
 RECORDS = Path("docs/results/study/v0.3")
 GRID_SEEDS = 3
 FINAL_SEEDS = 8  # 8 + 8 seeds: the exact permutation p can reach 2/12870, so Holm over ~20 comparisons can act
@@ -245,8 +246,9 @@ def headline_table(result: dict) -> str:
 
         flat = [p for v in MAIN for p in (by[v]["plateau"] if v in by else []) if p is not None]
         flat_text = f"{sum(1 for p in flat if p['flat'])}/{len(flat)}"
-        lines.append(f"| {name} ({cell['metric']}) | {mean('softmax')} | {mean('diff')} | {mean('diff_v2_matched')} "
-                     f"| {diff('diff')} | {diff('diff_v2_matched')} | {flat_text} | {cell['runs']}, "
+        soft, v1, v2 = MAIN
+        lines.append(f"| {name} ({cell['metric']}) | {mean(soft)} | {mean(v1)} | {mean(v2)} "
+                     f"| {diff(v1)} | {diff(v2)} | {flat_text} | {cell['runs']}, "
                      f"{cell['seconds'] / 3600:.1f} |")
     return "\n".join(lines)
 
@@ -363,7 +365,7 @@ def plot_size_trend(trend: dict[str, list[dict]], path: Path) -> None:
                          and p["parameters"])
             if pts:
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
-                            capsize=3, label={"softmax": "softmax", "diff": "V1", "diff_v2_matched": "V2"}[v])
+                            capsize=3, label=SHORT[v])
         ax.set_xscale("log")
         family = FAMILIES[fam]
         if not family.higher_is_better:
@@ -401,8 +403,9 @@ def size_table(trend: dict[str, list[dict]]) -> str:
                 return "outside the sizes run" if n is None else f"{n:,.0f}"
 
             size = f"{soft['parameters']:,}" if soft and soft["parameters"] else "–"
-            lines.append(f"| {cell} | {size} | {val('softmax')} | {val('diff')} | {val('diff_v2_matched')} | "
-                         f"{need('diff')} | {need('diff_v2_matched')} |")
+            soft_, v1, v2 = MAIN
+            lines.append(f"| {cell} | {size} | {val(soft_)} | {val(v1)} | {val(v2)} | "
+                         f"{need(v1)} | {need(v2)} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -426,7 +429,7 @@ def plot_headline(result: dict, path: Path) -> None:
             ax.scatter([i] * len(vals), vals, s=12, alpha=0.6)
             if vals:
                 ax.hlines(statistics.mean(vals), i - 0.3, i + 0.3, colors="k")
-        ax.set_xticks(range(len(names)), [{"softmax": "softmax", "diff": "V1", "diff_v2_matched": "V2"}[v]
+        ax.set_xticks(range(len(names)), [SHORT[v]
                                           for v in names])
         ax.set_title(f"{name}\n{cell['metric']}", fontsize=9)
     fig.tight_layout()

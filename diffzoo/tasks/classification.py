@@ -229,8 +229,13 @@ class ImageClassificationTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.
     def validation_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
-    def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+    def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Score a test batch; returns each sample's ``prediction`` (the argmax of the logits ``test/top1``
+        scored) and ``label``, for callbacks that keep per-sample results
+        (:class:`~diffzoo.tasks.callbacks.TestClipsCSV`)."""
+        logits = self._evaluate(batch, "test")
+        _, y = self.split_batch(batch)
+        return {"prediction": logits.argmax(dim=-1).detach(), "label": y.detach()}
 
     def predict_step(self, batch: Sequence[Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
         """Per sample: ``prediction`` (class index), ``probability`` (its softmax probability) and, when the

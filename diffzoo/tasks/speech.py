@@ -2,9 +2,8 @@
 
 It is :class:`~diffzoo.tasks.classification.ImageClassificationTask` with audio batches: the same AdamW
 parameter groups, warmup + cosine schedule, optional weight EMA, and RNG state in checkpoints for exact
-resume. :meth:`~SpeechClassificationTask.split_batch` differs: the valid length of each clip reaches
-the model, which masks padded frames; and :meth:`~SpeechClassificationTask.test_step` returns each clip's
-prediction and label, for the per-clip test file (``test_clips.csv``).
+resume. Only :meth:`~SpeechClassificationTask.split_batch` differs: the valid length of each clip reaches
+the model, which masks padded frames.
 """
 
 from __future__ import annotations
@@ -71,11 +70,3 @@ class SpeechClassificationTask(ImageClassificationTask):
     def forward(self, wave: Tensor, lengths: Tensor | None = None) -> Tensor:
         """``(B, T)`` waveforms and ``(B,)`` valid samples -> ``(B, num_classes)`` logits."""
         return self.model(wave, lengths)
-
-    def test_step(self, batch: Sequence[Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Score a test batch (as the image task) and return each clip's ``prediction`` (the argmax of the
-        logits ``test/top1`` scored) and ``label``, which :class:`~diffzoo.tasks.callbacks.TestClipsCSV`
-        writes to ``test_clips.csv`` with each clip's voice and SNR."""
-        logits = self._evaluate(batch, "test")
-        _, y = self.split_batch(batch)
-        return {"prediction": logits.argmax(dim=-1).detach(), "label": y.detach()}
