@@ -218,3 +218,21 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
     assert [r["variant"] for r in rows] == list(plan.MAIN)
     assert all(r["budget"] == pytest.approx(90.0) and r["longer"] == pytest.approx(95.0) for r in rows)
     assert "| mqar | softmax | 0.004 | val/acc | 90.00 | 95.00 | +5.00 | yes |" in plan.budget_table(rows)
+
+
+def test_results_page_quotes_the_finished_cells_from_their_records():
+    """Every finished cell's row on docs/results.md is recomputed here from the records in the repository."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "results.md").read_text()
+    result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "vit"])
+    cell = result["cells"]["vit"]
+    if cell is None:
+        pytest.skip("the vit cell has no final runs in this checkout")
+    for r in cell["rows"]:
+        assert f"{r['mean']:.2f} ± {r['sd']:.2f}" in page, r["variant"]
+        if "vs" in r:
+            c = r["vs"]
+            assert f"{c['diff']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]" in page, r["variant"]
+            assert f"| {c['p_perm']:.3f} |" in page, r["variant"]
