@@ -95,8 +95,10 @@ def test_grid_extends_past_an_edge_and_resumes_from_its_records(tmp_path, monkey
     mqar = FAMILIES["mqar"]
     assert len(saved["runs"]) == 18 + 6 and saved["fixed"] == [*mqar.base_args, *recipe_args(mqar.budget)]
     calls.clear()
+    records.write_text(json.dumps({**saved, "seconds": 1000.0}))  # earlier sessions took 1000 s
     again = sweep.main(argv)  # another session: everything is in the records, nothing is trained
     assert calls == [] and again["best"]["diff"]["lr"] == 2.5e-4
+    assert 1000.0 < again["seconds"] < 1100.0  # the records' wall time sums every call, not just the last
     saved["fixed"] = ["--something", "else"]
     records.write_text(json.dumps(saved))
     with pytest.raises(SystemExit):  # records made with other fixed arguments are refused, not mixed
@@ -134,6 +136,7 @@ def test_headline_applies_one_holm_over_every_cell(tmp_path):
     assert min(r["p_holm_study"] for r in rows) == pytest.approx(4 * min(r["vs"]["p_perm"] for r in rows))
     table = plan.headline_table(result)
     assert "| vit | not run yet |" in table and "+10.00 [" in table and "+0.100 [" in table
+    assert "| 15, 0.2 | `python -m recipes.study run --cells lm` |" in table  # each row: its runs, hours, command
     assert all(p["flat"] for r in rows for p in r["plateau"])
 
 

@@ -203,6 +203,7 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
                     ablations.append(row)
                     compared.append(row)
             out["cells"][key] = {"family": cell.family, "metric": metric, "label": family.label, "rows": rows,
+                                 "command": f"python -m recipes.study run --cells {cell.name}",
                                  "ablations": ablations, "runs": len(rec["runs"]), "seconds": seconds,
                                  "higher_is_better": family.higher_is_better, "scale": family.scale}
     for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
@@ -232,11 +233,11 @@ def _diff_cell(by: dict[str, dict], digits: int):
 def headline_table(result: dict) -> str:
     """Markdown: one line per task, the three main variants' means and their differences to softmax."""
     head = ("| task (metric) | softmax | V1 `diff` | V2 `diff_v2_matched` | V1 - softmax [95 % CI], p perm, p Holm | "
-            "V2 - softmax [95 % CI], p perm, p Holm | flat runs | runs, CPU hours |")
-    lines = [head, "|" + "---|" * 8]
+            "V2 - softmax [95 % CI], p perm, p Holm | flat runs | runs, hours | command |")
+    lines = [head, "|" + "---|" * 9]
     for name, cell in result["cells"].items():
         if cell is None:
-            lines.append(f"| {name} | not run yet | | | | | | |")
+            lines.append(f"| {name} | not run yet | | | | | | | |")
             continue
         digits = 2 if cell["scale"] != 1.0 else 3
         by = {r["variant"]: r for r in cell["rows"]}
@@ -249,7 +250,7 @@ def headline_table(result: dict) -> str:
         soft, v1, v2 = MAIN
         lines.append(f"| {name} ({cell['metric']}) | {mean(soft)} | {mean(v1)} | {mean(v2)} "
                      f"| {diff(v1)} | {diff(v2)} | {flat_text} | {cell['runs']}, "
-                     f"{cell['seconds'] / 3600:.1f} |")
+                     f"{cell['seconds'] / 3600:.1f} | `{cell['command']}` |")
     return "\n".join(lines)
 
 
@@ -469,7 +470,10 @@ def main(argv: list[str] | None = None) -> None:
         result = headline(args.records, cells)
         text = (f"Recipe: {result['recipe']}.\n\n" + headline_table(result) + "\n\n"
                 + f"{result['comparisons']} comparisons; p perm: exact permutation p of the final seeds' test "
-                  "scores; p Holm: Holm's adjustment over all of them.\n\n" + ablation_table(result) + "\n")
+                  "scores; p Holm: Holm's adjustment over all of them. Hours: the row's runs' wall times summed, each "
+                  "run on one thread (OMP_NUM_THREADS=1, two runs at a time on 2 cores); the command trains what its "
+                  "records file lacks (with the records in the repository it trains nothing; --records DIR with an "
+                  "empty folder retrains the row).\n\n" + ablation_table(result) + "\n")
         args.records.mkdir(parents=True, exist_ok=True)
         (args.records / "table.md").write_text(text)
         (args.records / "table.json").write_text(json.dumps(result, indent=1))
