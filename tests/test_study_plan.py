@@ -121,22 +121,26 @@ def _record(family_name, best, finals):
 
 def test_headline_applies_one_holm_over_every_cell(tmp_path):
     best = {"softmax": 2e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
-    mqar = _record("mqar", best, {"softmax": [50, 51, 52, 53, 54], "diff": [60, 61, 62, 63, 64],
-                                  "diff_v2_matched": [50.5, 51.5, 52.5, 53.5, 54.5]})
-    lm = _record("lm", best, {"softmax": [1.40, 1.41, 1.42, 1.43, 1.44], "diff": [1.50, 1.51, 1.52, 1.53, 1.54],
-                              "diff_v2_matched": [1.39, 1.40, 1.41, 1.42, 1.45]})
+    mqar = _record("mqar", best, {"softmax": [50, 51, 52, 53, 54, 55, 56, 57], "diff": [60, 61, 62, 63, 64, 65, 66, 67],
+                                  "diff_v2_matched": [50.5, 51.5, 52.5, 53.5, 54.5, 55.5, 56.5, 57.5]})
+    lm = _record("lm", best, {"softmax": [1.40, 1.41, 1.42, 1.43, 1.44, 1.45, 1.46, 1.47],
+                              "diff": [1.50, 1.51, 1.52, 1.53, 1.54, 1.55, 1.56, 1.57],
+                              "diff_v2_matched": [1.39, 1.40, 1.41, 1.42, 1.45, 1.46, 1.47, 1.48]})
+    cluttered = _record("cluttered", best, {"softmax": [50, 51, 52], "diff": [60, 61, 62]})  # 3 of 8 seeds so far
     (tmp_path / "mqar.json").write_text(json.dumps(mqar))
     (tmp_path / "lm.json").write_text(json.dumps(lm))
-    cells = [c for c in plan.CELLS if c.name in ("mqar", "lm", "vit")]
+    (tmp_path / "cluttered.json").write_text(json.dumps(cluttered))
+    cells = [c for c in plan.CELLS if c.name in ("mqar", "lm", "vit", "cluttered")]
     result = plan.headline(tmp_path, cells)
-    assert result["cells"]["vit"] is None and result["comparisons"] == 4
+    assert result["cells"]["vit"] is None and result["comparisons"] == 4  # a cell half-way compares nothing
     rows = [r for c in ("mqar", "lm") for r in result["cells"][c]["rows"] if "vs" in r]
     assert [r["p_holm_study"] for r in rows] == pytest.approx(holm([r["vs"]["p_perm"] for r in rows]))
     # Holm over 4 comparisons is stricter than Holm within one table of 2
     assert min(r["p_holm_study"] for r in rows) == pytest.approx(4 * min(r["vs"]["p_perm"] for r in rows))
     table = plan.headline_table(result)
     assert "| vit | not run yet |" in table and "+10.00 [" in table and "+0.100 [" in table
-    assert "| 15, 0.2 | `python -m recipes.study run --cells lm` |" in table  # each row: its runs, hours, command
+    assert "| 24, 0.4 | `python -m recipes.study run --cells lm` |" in table  # each row: its runs, hours, command
+    assert "| cluttered | running: 6 runs recorded, 6 of 24 main final runs |" in table
     assert all(p["flat"] for r in rows for p in r["plateau"])
 
 
@@ -168,7 +172,8 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
              "vit": (300_000, {"softmax": 90.0, "diff": 86.0, "diff_v2_matched": 89.0}),
              "vit-l": (1_800_000, {"softmax": 95.0, "diff": 92.0, "diff_v2_matched": 94.0})}
     for name, (params, means) in sizes.items():
-        rec = _record("vit", best, {v: [m - 0.5, m, m + 0.5] for v, m in means.items()})
+        seeds = next(c for c in plan.CELLS if c.name == name).final_seeds
+        rec = _record("vit", best, {v: [m - 0.5, m + 0.5] * (seeds // 2) + [m] * (seeds % 2) for v, m in means.items()})
         for r in rec["runs"].values():
             r["summary"]["parameters"] = params
         (tmp_path / f"{name}.json").write_text(json.dumps(rec))
@@ -184,14 +189,15 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert need == pytest.approx(math.exp(math.log(3e5) + 2 / 3 * math.log(6)))
     assert plan.parameters_for(trend["vit"], "diff", 99.0, True) is None  # beyond the largest size
     table = plan.size_table(trend)
-    assert "| vit-l | 1,800,000 | 95.00 ± 0.50 (n=3) |" in table and "outside the sizes run" in table
+    assert "| vit-l | 1,800,000 | 95.00 ± 0.50 (n=5) |" in table and "outside the sizes run" in table
     plan.plot_size_trend(trend, tmp_path / "trend.png")
     assert (tmp_path / "trend.png").stat().st_size > 1000
 
 
 def test_clip_reports_retrieval_and_zero_shot_from_the_same_final_runs(tmp_path):
     best = {"softmax": 2e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
-    rec = _record("clip", best, {"softmax": [60, 61, 62], "diff": [63, 64, 65], "diff_v2_matched": [59, 60, 61]})
+    rec = _record("clip", best, {"softmax": [60, 61, 62] * 3, "diff": [63, 64, 65] * 3,
+                                 "diff_v2_matched": [59, 60, 61] * 3})
     for r in rec["runs"].values():  # zero-shot top-1 of the same runs: 3 % for every run
         r["summary"]["metrics"]["test/zs_top1"] = 0.03
     (tmp_path / "clip.json").write_text(json.dumps(rec))
@@ -239,3 +245,28 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             c = r["vs"]
             assert f"{c['diff']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]" in page, r["variant"]
             assert f"| {c['p_perm']:.3f} |" in page, r["variant"]
+
+
+def test_results_page_table_is_what_the_records_give():
+    """The headline table on docs/results.md is regenerated here from the records in the repository."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    on_page = plan.page_table(root / "docs" / "results.md")
+    assert on_page, "docs/results.md lost its study-table markers"
+    assert on_page == plan.page_block(plan.headline(root / plan.RECORDS, plan.CELLS)), (
+        "docs/results.md's table differs from the records: python -m recipes.study report --page docs/results.md")
+
+
+def test_report_page_replaces_only_the_marked_block(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(f"# Title\n\nbefore\n{plan.PAGE_START}\nold table\n{plan.PAGE_END}\nafter\n")
+    plan.update_page(page, "new table")
+    assert page.read_text() == f"# Title\n\nbefore\n{plan.PAGE_START}\nnew table\n{plan.PAGE_END}\nafter\n"
+    assert plan.page_table(page) == "new table"
+    page.write_text("no markers here\n")
+    with pytest.raises(SystemExit, match="markers|one line"):
+        plan.update_page(page, "x")
+    assert page.read_text() == "no markers here\n"  # nothing is lost when the page has no place for the table
+    with pytest.raises(SystemExit):
+        plan.main(["report", "--cells", "vit", "--page", str(page)])  # a part of the study is not the page's table

@@ -10,7 +10,8 @@ already recorded are never trained again, and a run killed half-way is simply tr
     OMP_NUM_THREADS=1 python -m recipes.study run --cells mqar lm     # some cells
     OMP_NUM_THREADS=1 python -m recipes.study run --main-only         # the three main variants first
     python -m recipes.study status                                    # runs recorded per cell
-    python -m recipes.study report                                    # the headline table and its plot
+    python -m recipes.study report                                    # the headline table and its plots
+    python -m recipes.study report --page docs/results.md             # ... and the table into the results page
     python -m recipes.study run --quick --records outputs/study-quick # the pipeline in seconds (tests)
 
 The report compares every variant with softmax on every task and applies one Holm correction over all
@@ -41,6 +42,7 @@ MAIN = MAIN_VARIANTS
 SHORT = dict(zip(MAIN, ("softmax", "V1", "V2")))  # the main variants' names in plots
 RECORDS = Path("docs/results/study/v0.3")
 GRID_SEEDS = 3
+QUICK_FINAL_SEEDS = 2  # --quick: the pipeline only
 FINAL_SEEDS = 8  # 8 + 8 seeds: the exact permutation p can reach 2/12870, so Holm over ~20 comparisons can act
 
 
@@ -109,7 +111,7 @@ def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequ
             "--out", str(Path("outputs/study") / cell.name), "--results", str(records / f"{cell.name}.json")]
     if quick:  # the pipeline only: two variants, the grid's centre, one grid seed and two final seeds
         argv = [*argv, "--quick", "--variants", *variants[:2], "--lrs", lr_tag(lrs[len(lrs) // 2]), "--seeds", "1",
-                "--final-seeds", "2"]
+                "--final-seeds", str(QUICK_FINAL_SEEDS)]
     return [*argv, *cell.size_args, *cell.extra]
 
 
@@ -151,6 +153,15 @@ def final_runs(record: dict) -> list[dict]:
             if r["seed"] >= FINAL_SEED and not r.get("knob") and best.get(r["variant"]) == r["lr"]]
 
 
+def complete_final_runs(record: dict, cell: Cell) -> tuple[list[dict], int]:
+    """The final runs of the variants that have all their final seeds (a table never shows a variant half-way
+    through them), and how many final runs the records hold in all."""
+    final = final_runs(record)
+    wanted = QUICK_FINAL_SEEDS if record.get("quick") else cell.final_seeds
+    done = {v for v in cell.variants if sum(1 for r in final if r["variant"] == v) >= wanted}
+    return [r for r in final if r["variant"] in done], len(final)
+
+
 def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
     lines = []
     for cell in cells:
@@ -176,9 +187,13 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
             continue  # size-trend cells: :func:`size_trend`
         rec = load(records, cell)
         family = FAMILIES[cell.family]
-        final = final_runs(rec)
-        if not final or not rec.get("best"):
+        final, recorded = complete_final_runs(rec, cell)
+        if not any(r["variant"] == "softmax" for r in final) or not rec.get("best"):
             out["cells"][cell.name] = None
+            if rec.get("runs"):
+                out.setdefault("running", {})[cell.name] = (
+                    f"running: {len(rec['runs'])} runs recorded, {recorded} of "
+                    f"{cell.final_seeds * len([v for v in cell.variants if v in MAIN])} main final runs")
             continue
         seconds = sum(r.get("seconds", 0.0) for r in rec["runs"].values())
         for k, metric in enumerate((family.test_metric or family.val_metric, *family.also_report)):
@@ -237,7 +252,7 @@ def headline_table(result: dict) -> str:
     lines = [head, "|" + "---|" * 9]
     for name, cell in result["cells"].items():
         if cell is None:
-            lines.append(f"| {name} | not run yet | | | | | | | |")
+            lines.append(f"| {name} | {result.get('running', {}).get(name, 'not run yet')} | | | | | | | |")
             continue
         digits = 2 if cell["scale"] != 1.0 else 3
         by = {r["variant"]: r for r in cell["rows"]}
@@ -252,6 +267,42 @@ def headline_table(result: dict) -> str:
                      f"| {diff(v1)} | {diff(v2)} | {flat_text} | {cell['runs']}, "
                      f"{cell['seconds'] / 3600:.1f} | `{cell['command']}` |")
     return "\n".join(lines)
+
+
+PAGE_START, PAGE_END = "<!-- study-table: start -->", "<!-- study-table: end -->"
+
+
+def table_note(result: dict) -> str:
+    """The sentence under the headline table: how many comparisons, and what its p values and hours are."""
+    return (f"{result['comparisons']} comparisons; p perm: exact permutation p of the final seeds' test scores; "
+            "p Holm: Holm's adjustment over all of them. Hours: the row's runs' wall times summed, each run on one "
+            "thread (OMP_NUM_THREADS=1, two runs at a time on 2 cores); the command trains what its records file "
+            "lacks (with the records in the repository it trains nothing; --records DIR with an empty folder "
+            "retrains the row).")
+
+
+def page_block(result: dict) -> str:
+    """What ``report --page`` writes between the page's markers: the recipe, the headline table, its note."""
+    return f"Recipe: {result['recipe']}.\n\n{headline_table(result)}\n\n{table_note(result)}"
+
+
+def update_page(path: Path, block: str) -> None:
+    """Replace the text between :data:`PAGE_START` and :data:`PAGE_END` in ``path`` with ``block``."""
+    text = path.read_text()
+    if text.count(PAGE_START) != 1 or text.count(PAGE_END) != 1 or text.index(PAGE_START) > text.index(PAGE_END):
+        raise SystemExit(f"--page {path}: the page needs one line {PAGE_START} and, after it, one line {PAGE_END}; "
+                         "the table goes between them")
+    head, rest = text.split(PAGE_START)
+    tail = rest.split(PAGE_END)[1]
+    path.write_text(f"{head}{PAGE_START}\n{block}\n{PAGE_END}{tail}")
+
+
+def page_table(path: Path) -> str:
+    """The block a page holds between its markers ('' when it has none)."""
+    text = path.read_text()
+    if PAGE_START not in text or PAGE_END not in text:
+        return ""
+    return text.split(PAGE_START)[1].split(PAGE_END)[0].strip("\n")
 
 
 def ablation_table(result: dict) -> str:
@@ -324,7 +375,7 @@ def size_trend(records: Path, cells: Sequence[Cell]) -> dict:
                                                               or any(x.lr_from == c.name and _is_size(x) for x in CELLS))]:
             rec = load(records, cell)
             for v in MAIN:
-                runs = [r for r in final_runs(rec) if r["variant"] == v]
+                runs = [r for r in complete_final_runs(rec, cell)[0] if r["variant"] == v]
                 vals = [family.scale * metric_value(r, metric) for r in runs]
                 vals = [x for x in vals if math.isfinite(x)]
                 params = [r["summary"].get("parameters") for r in runs if r["summary"].get("parameters")]
@@ -451,8 +502,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--main-only", action="store_true",
                    help="run: only softmax, diff and diff_v2_matched of each cell (the ablations stay for a later "
                         "call on the same records)")
+    p.add_argument("--page", type=Path, default=None,
+                   help=f"report: also write the headline table into this markdown page, between its lines "
+                        f"{PAGE_START} and {PAGE_END} (the study's page: docs/results.md; default: none)")
     args = p.parse_args(argv)
     cells = [c for c in CELLS if args.cells is None or c.name in args.cells]
+    if args.page is not None and args.cells is not None:
+        p.error("--page writes the whole study's table (one Holm over every cell): leave out --cells")
     if args.quick and args.records == RECORDS:
         p.error("--quick writes smoke records: give another --records folder than the study's")
     if args.command == "run":
@@ -468,12 +524,9 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(status_lines(args.records, cells)))
     else:
         result = headline(args.records, cells)
-        text = (f"Recipe: {result['recipe']}.\n\n" + headline_table(result) + "\n\n"
-                + f"{result['comparisons']} comparisons; p perm: exact permutation p of the final seeds' test "
-                  "scores; p Holm: Holm's adjustment over all of them. Hours: the row's runs' wall times summed, each "
-                  "run on one thread (OMP_NUM_THREADS=1, two runs at a time on 2 cores); the command trains what its "
-                  "records file lacks (with the records in the repository it trains nothing; --records DIR with an "
-                  "empty folder retrains the row).\n\n" + ablation_table(result) + "\n")
+        text = page_block(result) + "\n\n" + ablation_table(result) + "\n"
+        if args.page is not None:
+            update_page(args.page, page_block(result))
         args.records.mkdir(parents=True, exist_ok=True)
         (args.records / "table.md").write_text(text)
         (args.records / "table.json").write_text(json.dumps(result, indent=1))
