@@ -176,6 +176,12 @@ def _vit_export(path: Path) -> Path:
     return save_safetensors({"head.weight": torch.zeros(3, 4)}, path, "diffvit_nano_patch7_28", {"num_classes": 3})
 
 
+def _lm_export(path: Path) -> Path:
+    from diffzoo.weights.export import save_safetensors
+
+    return save_safetensors({"tok_embeddings.weight": torch.zeros(4, 2)}, path, "lm_tiny", {"dim": 2})
+
+
 def _no_metadata(path: Path) -> Path:
     from safetensors.torch import save_file
 
@@ -208,6 +214,7 @@ BAD_FILES = [
     ("load_lm", _vit_export, "not a diffzoo language model"),
     ("load_lm", _content(b"{}"), "is not a safetensors file"),
     ("load_exported", _content(b""), "is not a safetensors file"),
+    ("load_exported", _lm_export, "load it with diffzoo.weights.load_lm"),
     ("load_clip_weights", _content(b""), "is empty (0 bytes)"),
     ("load_clip_weights", _content(b"garbage"), "is not a valid safetensors file"),
 ]

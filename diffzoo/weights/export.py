@@ -159,6 +159,8 @@ def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
     from .. import models  # noqa: F401  (registers diffvit_* / softvit_* / the speech models with timm)
 
     name, args = read_metadata(path)
+    if name in (*LM_PRESETS, "mqar_lm"):  # timm's registry does not hold the language models
+        raise ValueError(f"{path} holds the language model {name!r}: load it with diffzoo.weights.load_lm({str(path)!r})")
     _read_former_variant(args)
     stored_classes = args.get("num_classes")
     args.update(overrides)
