@@ -159,6 +159,7 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     plan.main(["report", "--cells", "mqar", "--records", str(records)])
     assert "| mqar (test/acc) |" in (records / "table.md").read_text()
     assert (records / "mqar_curves.png").stat().st_size > 1000  # validation metric and gradient norm
+    assert (records / "mqar_grid.png").stat().st_size > 1000  # validation metric against the lr
     with pytest.raises(SystemExit):
         plan.main(["run", "--quick", "--cells", "mqar"])  # smoke records never go into the study's folder
 

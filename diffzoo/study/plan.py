@@ -33,7 +33,7 @@ from pathlib import Path
 from ..layers.spec import ABLATION_VARIANTS, MAIN_VARIANTS
 from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
-from .plots import plot_curves
+from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
 from .sweep import FINAL_SEED
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
@@ -532,9 +532,12 @@ def main(argv: list[str] | None = None) -> None:
         (args.records / "table.json").write_text(json.dumps(result, indent=1))
         plot_headline(result, args.records / "headline.png")
         for cell in cells:  # validation metric and gradient norm per variant: the plateau and the clipping, seen
-            final = final_runs(load(args.records, cell))
+            rec = load(args.records, cell)
+            final = final_runs(rec)
             if final:
                 plot_curves(FAMILIES[cell.family], final, args.records / f"{cell.name}_curves.png")
+            if rec.get("best"):  # the validation metric against the lr: how sharp each variant's optimum is
+                plot_grid(FAMILIES[cell.family], rec["best"], args.records / f"{cell.name}_grid.png")
         for cell in (c for c in cells if c.family == "speech" and c.lr_from is None):
             voices = speech_voice_stats(load(args.records, cell))
             if voices["rows"]:

@@ -64,3 +64,38 @@ def plot_knob(family: Family, rows: list[dict], knob: str, path: Path, chance: f
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_grid(family: Family, best: dict[str, dict], path: Path) -> None:
+    """The learning-rate grid: each grid seed's validation metric (dots) and their mean (line) against the lr
+    (log axis), one line per variant; the chosen lr of each variant ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=90)
+    ticks: set[float] = set()
+    for variant, b in best.items():
+        by_lr = sorted((float(lr), cell) for lr, cell in (b.get("by_lr") or {}).items())
+        if not by_lr:
+            continue
+        xs = [lr for lr, _ in by_lr]
+        ticks.update(xs)
+        line = ax.plot(xs, [c["mean"] for _, c in by_lr], marker="o", ms=3, label=variant)[0]
+        for lr, c in by_lr:
+            vals = [v for v in c.get("values", []) if math.isfinite(v)]
+            ax.scatter([lr] * len(vals), vals, s=9, alpha=0.45, color=line.get_color())
+            if b.get("lr") is not None and math.isclose(lr, b["lr"]):
+                ax.scatter([lr], [c["mean"]], s=90, facecolors="none", edgecolors=line.get_color())
+    if family.chance is not None:
+        ax.axhline(family.scale * family.chance, color="grey", ls=":", label="chance")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel=f"{family.val_metric} (grid seeds)",
+           title=f"lr grid: {family.label}"[:90])
+    ax.minorticks_off()
+    ax.set_xticks(sorted(ticks), [f"{x:g}" for x in sorted(ticks)], fontsize=7)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
