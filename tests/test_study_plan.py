@@ -156,6 +156,8 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     capsys.readouterr()
     plan.main(["status", "--cells", "mqar", "--records", str(records)])
     assert "grid   2, final   4" in capsys.readouterr().out
+    plan.main(["status", "--cells", "lm", "mqar", "--records", str(records)])
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["lm", "mqar"]  # the order given
     plan.main(["report", "--cells", "mqar", "--records", str(records)])
     assert "| mqar (test/acc) |" in (records / "table.md").read_text()
     assert (records / "mqar_curves.png").stat().st_size > 1000  # validation metric and gradient norm

@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=("run", "status", "report"))
     p.add_argument("--cells", nargs="+", default=None, choices=[c.name for c in CELLS], metavar="CELL",
-                   help=f"cells to run or report (default: all: {', '.join(c.name for c in CELLS)})")
+                   help=f"cells to run or report, in this order (default: all, in order: {', '.join(c.name for c in CELLS)})")
     p.add_argument("--jobs", type=int, default=2, help="trainings at once (one process each; default 2)")
     p.add_argument("--records", type=Path, default=RECORDS, help=f"records folder (default {RECORDS})")
     p.add_argument("--quick", action="store_true", help="smoke mode: few-step runs, 1 grid seed, 2 final seeds")
@@ -506,7 +506,8 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"report: also write the headline table into this markdown page, between its lines "
                         f"{PAGE_START} and {PAGE_END} (the study's page: docs/results.md; default: none)")
     args = p.parse_args(argv)
-    cells = [c for c in CELLS if args.cells is None or c.name in args.cells]
+    by_name = {c.name: c for c in CELLS}
+    cells = list(CELLS) if args.cells is None else [by_name[n] for n in dict.fromkeys(args.cells)]  # in the order given
     if args.page is not None and args.cells is not None:
         p.error("--page writes the whole study's table (one Holm over every cell): leave out --cells")
     if args.quick and args.records == RECORDS:
