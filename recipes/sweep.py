@@ -4,7 +4,11 @@ The command line of :mod:`diffzoo.study.sweep` (``python -m recipes.sweep --help
 families, runs, tables and plots it uses are in :mod:`diffzoo.study`.
 """
 
+import signal
+
+from diffzoo.study.runs import stop_trainings
 from diffzoo.study.sweep import main
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, stop_trainings)  # a kill of this process stops its trainings too
     main()

@@ -273,3 +273,42 @@ def test_report_page_replaces_only_the_marked_block(tmp_path):
     assert page.read_text() == "no markers here\n"  # nothing is lost when the page has no place for the table
     with pytest.raises(SystemExit):
         plan.main(["report", "--cells", "vit", "--page", str(page)])  # a part of the study is not the page's table
+
+
+def test_a_killed_study_stops_its_trainings(tmp_path):
+    """SIGTERM to a study process terminates the training processes it started instead of orphaning them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "study.py"
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    sleeper = f"import os, time; open(os.path.join({str(pids)!r}, str(os.getpid())), 'w').close(); time.sleep(120)"
+    script.write_text(
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "from diffzoo.study.runs import run_jobs, stop_trainings, train\n"
+        "signal.signal(signal.SIGTERM, stop_trainings)\n"
+        f"run_jobs([0, 1], lambda i: train([sys.executable, '-c', {sleeper!r}], Path({str(tmp_path)!r}) / f'{{i}}.log'), 2)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[1],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while len(list(pids.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    children = [int(p.name) for p in pids.iterdir()]
+    assert len(children) == 2, "the two trainings did not start"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "2 training(s) terminated" in err
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+            return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()  # a zombie has ended
+        except (ProcessLookupError, FileNotFoundError):
+            return False
+
+    assert not [pid for pid in children if alive(pid)], "a training process outlived the study"

@@ -84,15 +84,42 @@ def read_divergence(run_dir: Path) -> dict | None:
     return json.loads(div.read_text()) if div.is_file() else None
 
 
+_LIVE: set[subprocess.Popen] = set()  # training processes now running (stopped with the study: stop_trainings)
+_LIVE_LOCK = threading.Lock()
+
+
 def train(command: list[str], log: Path) -> float:
     """Run one training command with its output in ``log``; returns the wall time. Fails loudly."""
     start = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        proc = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode:
-        raise RuntimeError(f"training failed (exit {proc.returncode}); see {log}")
+        proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT)
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
+        try:
+            returncode = proc.wait()
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
+    if returncode:
+        raise RuntimeError(f"training failed (exit {returncode}); see {log}")
     return time.time() - start
+
+
+def stop_trainings(signum: int, frame: object) -> None:
+    """Signal handler: terminate the training processes this study started, then exit. Without it a
+    ``kill`` of the study would leave its trainings running on, unrecorded."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        proc.terminate()
+    for proc in live:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    raise SystemExit(f"stopped by signal {signum}; {len(live)} training(s) terminated (they are trained again on the "
+                     "next call: the records hold only finished runs)")
 
 
 def run_jobs(jobs: Sequence, run: Callable, parallel: int, on_result: Callable[[list], None] | None = None) -> list:
