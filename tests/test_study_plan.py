@@ -185,6 +185,9 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     diff = sweeps[1]
     assert diff[diff.index("--lrs") + 1:diff.index("--lrs") + 4] == ["0.0005", "0.001", "0.002"]
     assert diff[-2:] == list(xs.size_args) and diff[diff.index("--final-seeds") + 1] == "5"
+    assert "--epochs" not in diff  # the family's budget
+    large = plan.cell_sweeps(next(c for c in plan.CELLS if c.name == "vit-l"), tmp_path, 2, False, False)[0]
+    assert large[large.index("--epochs") + 1] == "80"  # a size with a budget of its own
     trend = plan.size_trend(tmp_path, plan.CELLS)
     assert set(trend) == {"vit"} and len(trend["vit"]) == 9  # three sizes x three variants
     # softmax's 90.0 at 300 k: V1 reaches it between 300 k (86) and 1.8 M (92), two thirds of the way in log
