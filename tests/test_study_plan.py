@@ -57,7 +57,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
-    assert checks == {"vit", "mqar", "cluttered", "speech", "clip", "lm"}  # every task's budget is checked
+    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "lm"}  # every budget is checked
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
@@ -186,8 +186,11 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert diff[diff.index("--lrs") + 1:diff.index("--lrs") + 4] == ["0.0005", "0.001", "0.002"]
     assert diff[-2:] == list(xs.size_args) and diff[diff.index("--final-seeds") + 1] == "5"
     assert "--epochs" not in diff  # the family's budget
-    large = plan.cell_sweeps(next(c for c in plan.CELLS if c.name == "vit-l"), tmp_path, 2, False, False)[0]
-    assert large[large.index("--epochs") + 1] == "80"  # a size with a budget of its own
+    half = plan.cell_sweeps(next(c for c in plan.CELLS if c.name == "vit-40ep"), tmp_path, 2, False, False)[0]
+    assert half[half.index("--epochs") + 1] == "40"  # a cell with a budget of its own
+    (tmp_path / "vit-40ep.json").write_text((tmp_path / "vit.json").read_text())
+    check = plan.cell_sweeps(next(c for c in plan.CELLS if c.name == "vit-40ep-2x"), tmp_path, 2, False, False)[0]
+    assert check[check.index("--epochs") + 1] == "80"  # its check doubles the cell's budget, not the family's
     trend = plan.size_trend(tmp_path, plan.CELLS)
     assert set(trend) == {"vit"} and len(trend["vit"]) == 9  # three sizes x three variants
     # softmax's 90.0 at 300 k: V1 reaches it between 300 k (86) and 1.8 M (92), two thirds of the way in log
@@ -241,16 +244,24 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
 
     root = Path(__file__).resolve().parents[1]
     page = (root / "docs" / "results.md").read_text()
-    result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "vit"])
-    cell = result["cells"]["vit"]
-    if cell is None:
-        pytest.skip("the vit cell has no final runs in this checkout")
-    for r in cell["rows"]:
-        assert f"{r['mean']:.2f} ± {r['sd']:.2f}" in page, r["variant"]
-        if "vs" in r:
-            c = r["vs"]
-            assert f"{c['diff']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]" in page, r["variant"]
-            assert f"| {c['p_perm']:.3f} |" in page, r["variant"]
+    quoted = {"vit-40ep": 2, "mqar": 1}  # the cells the page's prose quotes, with the digits it gives
+    result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name in quoted])
+    for name, digits in quoted.items():
+        cell = result["cells"][name]
+        assert cell is not None, f"the {name} cell's records lost their final runs"
+        for r in cell["rows"]:
+            if digits == 2:
+                assert f"{r['mean']:.2f} ± {r['sd']:.2f}" in page, (name, r["variant"])
+            if "vs" in r:
+                c = r["vs"]
+                ci = f"{c['diff']:+.{digits}f} [{c['ci_low']:+.{digits}f}, {c['ci_high']:+.{digits}f}]"
+                assert ci in page, (name, r["variant"], ci)
+                assert f"p {c['p_perm']:.3f}" in page, (name, r["variant"])
+    # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
+    mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
+    solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
+    assert f"softmax\n  solved {solved['softmax']} of 8" in page or f"softmax solved {solved['softmax']} of 8" in page
+    assert f"V1 {solved['diff']} of 8 above 95 %" in page and solved["diff_v2_matched"] == 8
 
 
 def test_results_page_table_is_what_the_records_give():

@@ -76,7 +76,7 @@ FAMILIES: dict[str, Family] = {
         "top-1 %, embedded digits (1,000 held out for test)", "vit_digits.yaml", _data_seed,
         _LIMITS + ("--trainer.limit_test_batches", "2"), chance=0.1, default_variants=_MAIN,
         base_args=("--model.model", "softvit_nano_patch7_28", "--data.init_args.num_test", "1000"),
-        budget=Budget(epochs=40)),
+        budget=Budget(epochs=80)),
     "clip": Family(
         "recipes.clip", attn_variants(_variant_names()), "val/mean_recall", "test/mean_recall",
         "image-text retrieval mean recall %, coloured digits; test: held-out colour pairs", "clip_digits.yaml",
