@@ -90,8 +90,7 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     # the noisiest speech: softmax and V1 each re-tuned with every clip at -10 dB SNR (the interaction of the
     # gap with SNR is tested on the speech cell's own test clips, whose SNR varies from 0 to 20 dB)
     Cell("speech-noisy", "speech", ("softmax", "diff"), extra=("--data.init_args.snr_fixed_db=-10",)),
-    # the needle row (family "needle") joins when a pilot shows that the task is learnable at this size: with
-    # lm_tiny, 128-byte windows and 2,000 steps validation needle accuracy stayed at 0-0.6 % (chance 0.1 %)
+    # no needle row (family "needle"): in pilots up to lm_nano and 8,000 steps no model learnt retrieval (docs/study.md)
     # ViT digits at half its budget: the first ViT cell ran 40 epochs, and its budget check gained 1.1-1.3 points
     # of validation top-1 for every variant at 80, so the task's budget became 80 and this cell stays as the
     # same comparison at half the budget (does the gap depend on the budget?)
@@ -299,23 +298,31 @@ def page_block(result: dict) -> str:
     return f"Recipe: {result['recipe']}.\n\n{headline_table(result)}\n\n{table_note(result)}"
 
 
-def update_page(path: Path, block: str) -> None:
-    """Replace the text between :data:`PAGE_START` and :data:`PAGE_END` in ``path`` with ``block``."""
+def _split_page(path: Path) -> tuple[str, str, str] | None:
+    """A page's text before :data:`PAGE_START`, between the markers, and after :data:`PAGE_END`; None unless it
+    holds each marker once, in that order."""
     text = path.read_text()
     if text.count(PAGE_START) != 1 or text.count(PAGE_END) != 1 or text.index(PAGE_START) > text.index(PAGE_END):
+        return None
+    head, rest = text.split(PAGE_START)
+    block, tail = rest.split(PAGE_END)
+    return head, block, tail
+
+
+def update_page(path: Path, block: str) -> None:
+    """Replace the text between :data:`PAGE_START` and :data:`PAGE_END` in ``path`` with ``block``."""
+    parts = _split_page(path)
+    if parts is None:
         raise SystemExit(f"--page {path}: the page needs one line {PAGE_START} and, after it, one line {PAGE_END}; "
                          "the table goes between them")
-    head, rest = text.split(PAGE_START)
-    tail = rest.split(PAGE_END)[1]
+    head, _, tail = parts
     path.write_text(f"{head}{PAGE_START}\n{block}\n{PAGE_END}{tail}")
 
 
 def page_table(path: Path) -> str:
     """The block a page holds between its markers ('' when it has none)."""
-    text = path.read_text()
-    if PAGE_START not in text or PAGE_END not in text:
-        return ""
-    return text.split(PAGE_START)[1].split(PAGE_END)[0].strip("\n")
+    parts = _split_page(path)
+    return "" if parts is None else parts[1].strip("\n")
 
 
 def ablation_table(result: dict) -> str:
@@ -538,9 +545,10 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(status_lines(args.records, cells)))
     else:
         result = headline(args.records, cells)
-        text = page_block(result) + "\n\n" + ablation_table(result) + "\n"
+        block = page_block(result)
+        text = block + "\n\n" + ablation_table(result) + "\n"
         if args.page is not None:
-            update_page(args.page, page_block(result))
+            update_page(args.page, block)
         args.records.mkdir(parents=True, exist_ok=True)
         (args.records / "table.md").write_text(text)
         (args.records / "table.json").write_text(json.dumps(result, indent=1))

@@ -149,6 +149,9 @@ def _read_former_variant(args: dict[str, Any]) -> None:
             args["attn"] = spec.name
 
 
+LM_EXPORT_NAMES = (*LM_PRESETS, "mqar_lm")  # the model names export_lm and the MQAR task write; load_lm reads them
+
+
 def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
     """Rebuild an exported model with ``timm.create_model(..., pretrained_cfg_overlay=dict(file=path))``.
 
@@ -159,7 +162,7 @@ def load_exported(path: PathLike, **overrides: Any) -> nn.Module:
     from .. import models  # noqa: F401  (registers diffvit_* / softvit_* / the speech models with timm)
 
     name, args = read_metadata(path)
-    if name in (*LM_PRESETS, "mqar_lm"):  # timm's registry does not hold the language models
+    if name in LM_EXPORT_NAMES:  # timm's registry does not hold the language models
         raise ValueError(f"{path} holds the language model {name!r}: load it with diffzoo.weights.load_lm({str(path)!r})")
     _read_former_variant(args)
     stored_classes = args.get("num_classes")
@@ -197,7 +200,7 @@ def load_lm(path: Any) -> CausalLM:
                          "that python -m recipes.lm (export_lm) writes")
     name, args = read_metadata(path)
     fields = {f.name for f in dataclasses.fields(LMConfig)} | set(LM_RENAMED)  # older exports use the former names
-    if name not in (*LM_PRESETS, "mqar_lm") or not set(args) <= fields:
+    if name not in LM_EXPORT_NAMES or not set(args) <= fields:
         raise ValueError(
             f"{path} holds a {name!r} model, not a diffzoo language model; pass a model.safetensors written by "
             f"python -m recipes.lm (presets: {', '.join(sorted(LM_PRESETS))})"
