@@ -243,26 +243,27 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    page = (root / "docs" / "results.md").read_text()
-    quoted = {"vit-40ep": 2, "mqar": 1}  # the cells the page's prose quotes, with the digits it gives
+    page = " ".join((root / "docs" / "results.md").read_text().split())  # the prose as words, whatever its line breaks
+    # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
+    quoted = {"vit-40ep": (2, 2), "mqar": (None, 1), "lm": (3, 3)}
     result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name in quoted])
-    for name, digits in quoted.items():
+    for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
         assert cell is not None, f"the {name} cell's records lost their final runs"
         for r in cell["rows"]:
-            if digits == 2:
-                assert f"{r['mean']:.2f} ± {r['sd']:.2f}" in page, (name, r["variant"])
+            if mean_digits is not None:
+                assert f"{r['mean']:.{mean_digits}f} ± {r['sd']:.{mean_digits}f}" in page, (name, r["variant"])
             if "vs" in r:
                 c = r["vs"]
                 ci = f"{c['diff']:+.{digits}f} [{c['ci_low']:+.{digits}f}, {c['ci_high']:+.{digits}f}]"
                 assert ci in page, (name, r["variant"], ci)
-                assert f"p {c['p_perm']:.3f}" in page, (name, r["variant"])
+                p = c["p_perm"]
+                assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
-    words = " ".join(page.split())  # the prose as words, whatever its line breaks
-    assert f"softmax solved {solved['softmax']} of 8" in words
-    assert f"V1 {solved['diff']} of 8 above 95 %" in words and solved["diff_v2_matched"] == 8
+    assert f"softmax solved {solved['softmax']} of 8" in page
+    assert f"V1 {solved['diff']} of 8 above 95 %" in page and solved["diff_v2_matched"] == 8
 
 
 def test_results_page_table_is_what_the_records_give():
