@@ -144,6 +144,18 @@ def test_headline_applies_one_holm_over_every_cell(tmp_path):
     assert all(p["flat"] for r in rows for p in r["plateau"])
 
 
+def test_status_says_how_long_a_started_cell_has_left(tmp_path):
+    cell = next(c for c in plan.CELLS if c.name == "clip")
+    runs = {f"softmax_lr0.001_seed{i}": {"name": f"softmax_lr0.001_seed{i}", "variant": "softmax", "lr": 1e-3,
+                                          "seed": i, "seconds": 360.0} for i in range(9)}
+    (tmp_path / "clip.json").write_text(json.dumps({"runs": runs}))
+    (line,) = plan.status_lines(tmp_path, [cell])
+    left = plan.planned_runs(cell) - 9
+    assert f"0.90 CPU-thread hours, about {left * 0.1:.1f} hours left ({left} runs)" in line  # 6 min a run so far
+    (tmp_path / "clip.json").write_text(json.dumps({"runs": runs, "quick": True}))
+    assert "left" not in plan.status_lines(tmp_path, [cell])[0]  # a quick run's records say nothing of the full cell
+
+
 def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     records = tmp_path / "records"
     plan.main(["run", "--quick", "--cells", "mqar", "--jobs", "2", "--records", str(records)])

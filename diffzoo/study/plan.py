@@ -184,9 +184,15 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         hours = sum(r.get("seconds", 0.0) for r in runs) / 3600
         done = (grid >= len(cell.variants)) if cell.epochs_factor is not None else \
             final >= cell.final_seeds * len(cell.variants)
-        lines.append(f"{cell.name:10s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
-                     f"(planned about {planned_runs(cell)} runs), {hours:.2f} CPU-thread hours"
-                     + (" - done" if done else ""))
+        left = max(planned_runs(cell) - len(runs), 0)
+        if done:
+            tail = " - done"
+        elif runs and left and not rec.get("quick"):  # the cell's own runs so far say how long the rest takes (grid extensions not counted)
+            tail = f", about {left * hours / len(runs):.1f} hours left ({left} runs)"
+        else:
+            tail = ""
+        lines.append(f"{cell.name:12s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
+                     f"(planned about {planned_runs(cell)} runs), {hours:.2f} CPU-thread hours" + tail)
     return lines
 
 
