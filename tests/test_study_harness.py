@@ -363,6 +363,24 @@ def test_sweep_with_no_final_seeds_reports_the_grid_only(tmp_path, monkeypatch):
     assert (out / "curves.png").stat().st_size > 1000  # the grid's curves
 
 
+def test_sweep_paired_trains_each_variant_at_its_own_lr_in_one_call(tmp_path, monkeypatch, capsys):
+    from diffzoo.study import sweep
+
+    calls = []
+    fake = _fake_run({("softmax", 4e-3): 0.5, ("diff", 1e-3): 0.7})
+    monkeypatch.setattr(sweep, "train_run", lambda *a, **k: calls.append(a[2:4]) or fake(*a, **k))
+    out = tmp_path / "check"
+    res = sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "4e-3", "1e-3", "--paired",
+                      "--seeds", "1", "--final-seeds", "0", "--extend", "0", "--out", str(out)])
+    assert sorted(calls) == [("diff", 1e-3), ("softmax", 4e-3)]  # not the 2 x 2 grid
+    assert res["grid_lrs"] == {"softmax": [4e-3], "diff": [1e-3]}
+    assert res["best"]["softmax"]["lr"] == 4e-3 and res["best"]["diff"]["lr"] == 1e-3
+    with pytest.raises(SystemExit):
+        sweep.main(["--family", "mqar", "--variants", "softmax", "diff", "--lrs", "4e-3", "--paired",
+                    "--out", str(tmp_path / "bad")])
+    assert "give one lr per variant" in capsys.readouterr().err
+
+
 def test_sweep_refuses_to_mix_set_ups_and_takes_lrs_from_another_sweep(tmp_path, monkeypatch, capsys):
     from diffzoo.study import sweep
 

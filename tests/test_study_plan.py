@@ -158,8 +158,11 @@ def test_status_says_how_long_a_started_cell_has_left(tmp_path):
 
 def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     records = tmp_path / "records"
-    plan.main(["run", "--quick", "--cells", "mqar", "--jobs", "2", "--records", str(records)])
+    plan.main(["run", "--quick", "--cells", "mqar", "mqar-2x", "--jobs", "2", "--records", str(records)])
+    check = json.loads((records / "mqar-2x.json").read_text())  # seed 0 of both variants at their best lrs
+    assert sorted(check["runs"]) == sorted(run_name(v, b["lr"], 0) for v, b in check["best"].items())
     saved = json.loads((records / "mqar.json").read_text())
+    assert {v: b["lr"] for v, b in check["best"].items()} == {v: b["lr"] for v, b in saved["best"].items()}
     assert len(saved["runs"]) == 6 and saved["quick"]  # 2 variants x (1 grid + 2 final seeds)
     grid = [r for r in saved["runs"].values() if r["seed"] < sweep.FINAL_SEED]
     final = [r for r in saved["runs"].values() if r["seed"] >= sweep.FINAL_SEED]
@@ -236,10 +239,12 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
     for v, lr in best.items():  # the grid's seed-0 run at the best lr, with a flat curve
         src["runs"][run_name(v, lr, 0)] = {**src["runs"][run_name(v, lr, sweep.FINAL_SEED)], "seed": 0}
     (tmp_path / "mqar.json").write_text(json.dumps(src))
-    argvs = plan.cell_sweeps(check, tmp_path, 2, False, False)
-    soft = argvs[0]
-    assert soft[soft.index("--lrs") + 1] == "0.004" and soft[soft.index("--epochs") + 1] == "20"  # 2 x 10 epochs
-    assert soft[soft.index("--final-seeds", soft.index("--final-seeds") + 1) + 1] == "0"  # the last one wins
+    (argv,) = plan.cell_sweeps(check, tmp_path, 2, False, False)  # one sweep: both job slots stay busy
+    lrs = argv.index("--lrs")
+    assert argv[argv.index("--variants") + 1:lrs] == list(plan.MAIN) and "--paired" in argv
+    assert argv[lrs + 1:lrs + 4] == ["0.004", "0.001", "0.002"]  # each variant's own best lr, in their order
+    assert argv[argv.index("--epochs") + 1] == "20"  # 2 x 10 epochs
+    assert argv[argv.index("--final-seeds", argv.index("--final-seeds") + 1) + 1] == "0"  # the last one wins
     longer = _record("mqar", best, {v: [95.0] for v in best})
     longer["runs"] = {run_name(v, lr, 0): {**r, "seed": 0} for (v, lr), r in
                       zip(best.items(), longer["runs"].values())}

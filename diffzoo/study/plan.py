@@ -111,26 +111,32 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
 
 
 def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequence[str] | None = None,
-               lrs: Sequence[float] | None = None) -> list[str]:
+               lrs: Sequence[float] | None = None, paired: bool = False) -> list[str]:
     """The :func:`diffzoo.study.sweep.main` arguments of ``cell`` for ``variants`` (default: all of the
-    cell's) on the grid ``lrs`` (default: the cell's)."""
+    cell's) on the grid ``lrs`` (default: the cell's; ``paired``: one lr per variant, in their order)."""
     variants = list(variants or cell.variants)
     lrs = list(lrs or cell.lrs)
     argv = ["--family", cell.family, "--variants", *variants, "--lrs", *(lr_tag(x) for x in lrs),
             "--seeds", str(GRID_SEEDS), "--final-seeds", str(cell.final_seeds), "--jobs", str(jobs),
             "--out", str(Path("outputs/study") / cell.name), "--results", str(records / f"{cell.name}.json")]
-    if quick:  # the pipeline only: two variants, the grid's centre, one grid seed and two final seeds
-        argv = [*argv, "--quick", "--variants", *variants[:2], "--lrs", lr_tag(lrs[len(lrs) // 2]), "--seeds", "1",
-                "--final-seeds", str(QUICK_FINAL_SEEDS)]
+    if paired:
+        argv.append("--paired")
+    if quick:  # the pipeline only: two variants, the grid's centre (paired: their lrs), one grid seed, two finals
+        quick_lrs = lrs[:2] if paired else [lrs[len(lrs) // 2]]
+        argv = [*argv, "--quick", "--variants", *variants[:2], "--lrs", *(lr_tag(x) for x in quick_lrs),
+                "--seeds", "1", "--final-seeds", str(QUICK_FINAL_SEEDS)]
     if cell.epochs is not None:
         argv = [*argv, "--epochs", str(cell.epochs)]
     return [*argv, *cell.size_args, *cell.extra]
 
 
 def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bool) -> list[list[str]]:
-    """The sweeps (argument lists) that fill ``cell``: one over its variants, or for a size-trend cell one
-    per variant with a grid centred on that variant's best lr in the cell ``lr_from``."""
+    """The sweeps (argument lists) that fill ``cell``: one over its variants; for a size-trend cell one per
+    variant with a grid centred on that variant's best lr in the cell ``lr_from``; for a budget check one
+    with each variant at its best lr in ``lr_from``."""
     variants = [v for v in cell.variants if v in MAIN] if main_only else list(cell.variants)
+    if quick:  # the pipeline trains two variants (sweep_argv), so a later cell centres on those two
+        variants = variants[:2]
     if cell.lr_from is None:
         return [sweep_argv(cell, records, jobs, quick, variants)]
     source = next(c for c in CELLS if c.name == cell.lr_from)
@@ -143,8 +149,9 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
         budget = FAMILIES[cell.family].budget
         assert budget is not None
         epochs = str(round(cell.epochs_factor * (source.epochs or budget.epochs)))
-        return [[*sweep_argv(cell, records, jobs, quick, [v], [best[v]]), "--seeds", "1", "--final-seeds", "0",
-                 "--extend", "0", "--epochs", epochs] for v in variants]
+        # one sweep, each variant at its own best lr, so its runs fill every job slot
+        return [[*sweep_argv(cell, records, jobs, quick, variants, [best[v] for v in variants], paired=True),
+                 "--seeds", "1", "--final-seeds", "0", "--extend", "0", "--epochs", epochs]]
     return [sweep_argv(cell, records, jobs, quick, [v], lr_grid(best[v], cell.grid_points)) for v in variants]
 
 

@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--reference", default="softmax", help="the variant every other one is compared with")
     p.add_argument("--lrs", type=float, nargs="+", default=lr_grid(2e-3),
                    help="the grid's learning rates (default: %(default)s, factor-2 steps)")
+    p.add_argument("--paired", action="store_true",
+                   help="--lrs gives one lr per variant, in the order of --variants: each variant's grid is its own "
+                        "lr (the study's budget checks: every variant at its best lr, all in one sweep)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per (variant, lr) of the grid")
     p.add_argument("--extend", type=int, default=2, metavar="N",
                    help="rounds of grid extension: a variant whose best lr is the smallest or largest of its grid "
@@ -226,6 +229,9 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         p.error(f"--variants {' '.join(unknown)}: family {args.family} accepts {', '.join(family.variants)}")
     reference = args.reference if args.reference in variants else variants[0]
+    if args.paired and len(args.lrs) != len(variants):
+        p.error(f"--paired: --lrs gives {len(args.lrs)} lrs for the {len(variants)} variants {' '.join(variants)}; "
+                "give one lr per variant")
     if args.knob is not None:
         if args.knob not in family.knobs:
             p.error(f"--knob {args.knob}: family {args.family} has the knobs {', '.join(family.knobs) or 'none'}")
@@ -295,7 +301,8 @@ def main(argv: list[str] | None = None) -> dict:
         (out / "knob.md").write_text(text + "\n")
         texts.append(text + f"\n\nplot: {out / 'knob.png'}")
     else:
-        lrs_of = {v: sorted(set(args.lrs) | set((results.get("grid_lrs") or {}).get(v, ()))) for v in variants}
+        own = {v: [lr] for v, lr in zip(variants, args.lrs)} if args.paired else {v: args.lrs for v in variants}
+        lrs_of = {v: sorted(set(own[v]) | set((results.get("grid_lrs") or {}).get(v, ()))) for v in variants}
         while True:  # ends: each variant gets at most --extend lrs beyond --lrs
             grid_jobs = [(v, lr, s) for v in variants for lr in lrs_of[v] for s in range(args.seeds)]
             grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save)
