@@ -350,6 +350,40 @@ def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
     assert (out / "knob.png").stat().st_size > 1000
 
 
+def test_a_crashed_run_is_trained_again_and_a_stopped_one_is_never_recorded(tmp_path, monkeypatch):
+    from diffzoo.study import sweep
+
+    crashes = {"softmax_lr0.001_seed1"}
+    trained = []
+
+    def fake_train(command, log):
+        name = command[command.index("--trainer.logger.init_args.name") + 1]
+        trained.append(name)
+        if name in crashes:
+            raise RuntimeError(f"training failed (exit 1); see {log}")
+        return 1.0
+
+    monkeypatch.setattr(sweep, "train", fake_train)
+    monkeypatch.setattr(sweep, "read_run", lambda folder, curves, steps=False: {
+        "summary": {"metrics": {"val/acc": 0.5}}, "curves": {}})
+    argv = ["--family", "mqar", "--variants", "softmax", "--lrs", "1e-3", "--seeds", "2", "--final-seeds", "0",
+            "--out", str(tmp_path / "sw")]
+    res = sweep.main(argv)
+    assert res["runs"]["softmax_lr0.001_seed1"]["failed"] and not res["runs"]["softmax_lr0.001_seed0"].get("failed")
+    crashes.clear()
+    trained.clear()
+    res = sweep.main(argv)  # the crash is trained again; the finished run is not
+    assert trained == ["softmax_lr0.001_seed1"] and not res["runs"]["softmax_lr0.001_seed1"].get("failed")
+
+    # a run cut short because the study is stopping raises instead of being recorded as a failure
+    crashes.add("softmax_lr0.002_seed0")
+    monkeypatch.setattr(sweep, "stopping", lambda: True)
+    with pytest.raises(RuntimeError):
+        sweep.main([*argv, "--lrs", "2e-3", "--seeds", "1"])
+    saved = json.loads((tmp_path / "sw" / "results.json").read_text())
+    assert "softmax_lr0.002_seed0" not in saved["runs"] and len(saved["runs"]) == 2
+
+
 def test_sweep_with_no_final_seeds_reports_the_grid_only(tmp_path, monkeypatch):
     from diffzoo.study import sweep
 

@@ -309,7 +309,8 @@ def test_report_page_replaces_only_the_marked_block(tmp_path):
 
 
 def test_a_killed_study_stops_its_trainings(tmp_path):
-    """SIGTERM to a study process terminates the training processes it started instead of orphaning them."""
+    """SIGTERM to a study process terminates the training processes it started instead of orphaning them, and
+    starts none of the trainings still queued behind them."""
     import os
     import signal
     import subprocess
@@ -326,7 +327,7 @@ def test_a_killed_study_stops_its_trainings(tmp_path):
         "from pathlib import Path\n"
         "from diffzoo.study.runs import run_jobs, stop_trainings, train\n"
         "signal.signal(signal.SIGTERM, stop_trainings)\n"
-        f"run_jobs([0, 1], lambda i: train([sys.executable, '-c', {sleeper!r}], Path({str(tmp_path)!r}) / f'{{i}}.log'), 2)\n")
+        f"run_jobs([0, 1, 2, 3], lambda i: train([sys.executable, '-c', {sleeper!r}], Path({str(tmp_path)!r}) / f'{{i}}.log'), 2)\n")
     proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[1],
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
@@ -345,3 +346,5 @@ def test_a_killed_study_stops_its_trainings(tmp_path):
             return False
 
     assert not [pid for pid in children if alive(pid)], "a training process outlived the study"
+    time.sleep(1)
+    assert len(list(pids.iterdir())) == 2, "a queued training started after the study was stopped"

@@ -86,6 +86,7 @@ def read_divergence(run_dir: Path) -> dict | None:
 
 _LIVE: set[subprocess.Popen] = set()  # training processes now running (stopped with the study: stop_trainings)
 _LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set by stop_trainings: no training starts after it
 
 
 def train(command: list[str], log: Path) -> float:
@@ -93,8 +94,10 @@ def train(command: list[str], log: Path) -> float:
     start = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT)
-        with _LIVE_LOCK:
+        with _LIVE_LOCK:  # started under the lock, so stop_trainings either sees it or it never starts
+            if _STOPPING.is_set():
+                raise RuntimeError("the study is stopping: training not started")
+            proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT)
             _LIVE.add(proc)
         try:
             returncode = proc.wait()
@@ -106,10 +109,16 @@ def train(command: list[str], log: Path) -> float:
     return time.time() - start
 
 
+def stopping() -> bool:
+    """Whether the study was told to stop (:func:`stop_trainings`): a training that ends now was cut short."""
+    return _STOPPING.is_set()
+
+
 def stop_trainings(signum: int, frame: object) -> None:
     """Signal handler: terminate the training processes this study started, then exit. Without it a
     ``kill`` of the study would leave its trainings running on, unrecorded."""
     with _LIVE_LOCK:
+        _STOPPING.set()
         live = list(_LIVE)
     for proc in live:
         proc.terminate()
@@ -135,6 +144,9 @@ def run_jobs(jobs: Sequence, run: Callable, parallel: int, on_result: Callable[[
             if on_result is not None:
                 on_result([done[k] for k in sorted(done)])
 
-    with ThreadPoolExecutor(max(1, parallel)) as pool:
+    pool = ThreadPoolExecutor(max(1, parallel))
+    try:
         list(pool.map(one, range(len(jobs))))
+    finally:  # on an error or a stop, the jobs not yet started are dropped, not run while the pool winds down
+        pool.shutdown(wait=True, cancel_futures=True)
     return [done[i] for i in range(len(jobs))]

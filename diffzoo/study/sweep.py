@@ -54,6 +54,7 @@ from .runs import (
     read_test_clips,
     recipe_command,
     run_jobs,
+    stopping,
     train,
 )
 from .tables import (
@@ -93,6 +94,8 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
         if clips is not None:  # recipes that score each test clip (speech): [voice, snr_db, label, pred] per clip
             record["test_clips"] = clips
     except (RuntimeError, FileNotFoundError) as e:
+        if stopping():  # cut short by a stop of the study: not a result, and not recorded
+            raise
         # a run that diverged stops with an error on purpose (and writes its divergence record): not a failure
         diverged = read_divergence(runs / name)
         record.update(failed=None if diverged else str(e), diverged=diverged, summary={}, curves={})
@@ -108,8 +111,9 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
 
 def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Sequence[str], parallel: int,
             cache: dict[str, dict], save: Callable[[], None]) -> list[dict]:
-    """Train every job not in ``cache`` (keyed by run name); the records of all jobs, in order."""
-    todo = [j for j in jobs if run_name(*j) not in cache]
+    """Train every job not in ``cache`` (keyed by run name), or recorded there as failed (a crash is trained
+    again on the next call; a divergence is a result and stays); the records of all jobs, in order."""
+    todo = [j for j in jobs if run_name(*j) not in cache or cache[run_name(*j)].get("failed")]
 
     def one(job: tuple) -> dict:
         return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None)
