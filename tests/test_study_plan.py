@@ -276,6 +276,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 assert ci in page, (name, r["variant"], ci)
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
+    # the LM's budget check: the change of each variant's validation loss at twice the steps
+    checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "lm-2x"])
+    assert len(checks) == 3
+    changes = {r["variant"]: f"{r['longer'] - r['budget']:+.3f}" for r in checks}
+    assert (f"{changes['softmax']} (softmax), {changes['diff']} (V1) and {changes['diff_v2_matched']} (V2)"
+            in page), changes
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
