@@ -57,7 +57,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
-    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "lm"}  # every budget is checked
+    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "lm", "lm-2k"}  # every budget
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
@@ -262,7 +262,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     root = Path(__file__).resolve().parents[1]
     page = " ".join((root / "docs" / "results.md").read_text().split())  # the prose as words, whatever its line breaks
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
-    quoted = {"vit-40ep": (2, 2), "mqar": (None, 1), "lm": (3, 3)}
+    quoted = {"vit-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3)}
     result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name in quoted])
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -277,7 +277,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
     # the LM's budget check: the change of each variant's validation loss at twice the steps
-    checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "lm-2x"])
+    checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "lm-2k-2x"])
     assert len(checks) == 3
     changes = {r["variant"]: f"{r['longer'] - r['budget']:+.3f}" for r in checks}
     assert (f"{changes['softmax']} (softmax), {changes['diff']} (V1) and {changes['diff_v2_matched']} (V2)"

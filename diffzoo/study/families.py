@@ -94,7 +94,7 @@ FAMILIES: dict[str, Family] = {
         default_variants=_MAIN,
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=Budget(epochs=20, steps_per_epoch=100)),
+        budget=Budget(epochs=40, steps_per_epoch=100)),
     # the LM's recipe with half of the training windows retrieval contexts, selected and reported on needle
     # retrieval: fixed sets of NEEDLE_EVAL contexts cut from the held-out text (the same for every run), 129 bytes
     # each (4 needles, query and answer take 118, so 11 distractor bytes remain with 4 needles, 83 with 1)
