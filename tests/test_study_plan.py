@@ -173,10 +173,19 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     assert "grid   2, final   4" in capsys.readouterr().out
     plan.main(["status", "--cells", "lm", "mqar", "--records", str(records)])
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["lm", "mqar"]  # the order given
-    plan.main(["report", "--cells", "mqar", "--records", str(records)])
+    plan.main(["report", "--cells", "mqar", "mqar-2x", "--records", str(records)])
     assert "| mqar (test/acc) |" in (records / "table.md").read_text()
     assert (records / "mqar_curves.png").stat().st_size > 1000  # validation metric and gradient norm
     assert (records / "mqar_grid.png").stat().st_size > 1000  # validation metric against the lr
+    table = (records / "table.md").read_text()
+    assert "](headline.png)" in table and "### Budget check" in table and "| mqar | softmax |" in table
+    assert "### Ablations" not in table  # the quick pipeline trains no ablation
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text(f"# Results\n\n{plan.PAGE_START}\n{plan.PAGE_END}\n\nprose\n")
+    plan.main(["report", "--records", str(records), "--page", str(page)])
+    assert "](../records/headline.png)" in page.read_text()  # the page links the plots from where it is
+    assert "| mqar (test/acc) |" in plan.page_table(page) and page.read_text().endswith("\nprose\n")
     with pytest.raises(SystemExit):
         plan.main(["run", "--quick", "--cells", "mqar"])  # smoke records never go into the study's folder
 
@@ -296,7 +305,9 @@ def test_results_page_table_is_what_the_records_give():
     root = Path(__file__).resolve().parents[1]
     on_page = plan.page_table(root / "docs" / "results.md")
     assert on_page, "docs/results.md lost its study-table markers"
-    assert on_page == plan.page_block(plan.headline(root / plan.RECORDS, plan.CELLS)), (
+    records = root / plan.RECORDS
+    result = plan.headline(records, plan.CELLS)
+    assert on_page == plan.report_markdown(records, plan.CELLS, result, root / "docs"), (
         "docs/results.md's table differs from the records: python -m recipes.study report --page docs/results.md")
 
 

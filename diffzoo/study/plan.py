@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -312,8 +313,38 @@ def table_note(result: dict) -> str:
 
 
 def page_block(result: dict) -> str:
-    """What ``report --page`` writes between the page's markers: the recipe, the headline table, its note."""
+    """The recipe, the headline table and its note."""
     return f"Recipe: {result['recipe']}.\n\n{headline_table(result)}\n\n{table_note(result)}"
+
+
+def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: Path) -> str:
+    """The whole report as markdown, for a file in ``folder`` (its links to the plots in ``records`` are
+    relative to it): the headline table, the final seeds' plot, the ablations, speech's voice-level
+    statistics, the budget checks and the size trend, each section as soon as its cells have records.
+    ``report`` writes it to ``table.md`` and, with ``--page``, between the page's markers."""
+    def link(name: str) -> str:
+        return Path(os.path.relpath(records / name, folder)).as_posix()
+
+    parts = [page_block(result)]
+    if any(result["cells"].values()):
+        parts.append(f"![every final seed's test score per task and variant]({link('headline.png')})")
+    ablations = ablation_table(result)
+    if ablations.count("\n") > 1:  # more than the header
+        parts.append("### Ablations: each against the variant it changes\n\n" + ablations)
+    for cell in (c for c in cells if c.family == "speech" and c.lr_from is None):
+        voices = speech_voice_stats(load(records, cell))
+        if voices["rows"]:
+            parts.append(f"### Speech (`{cell.name}`): test voices resampled, and the gap against SNR\n\n"
+                         + speech_voice_table(voices))
+    checks = budget_checks(records, cells)
+    if checks:
+        parts.append("### Budget check: seed 0 at each variant's best lr, trained twice as long\n\n"
+                     + budget_table(checks))
+    trend = size_trend(records, cells)
+    if trend:
+        parts.append("### Size trend\n\n" + size_table(trend).rstrip("\n")
+                     + f"\n\n![test metric against parameters, per variant]({link('size_trend.png')})")
+    return "\n\n".join(parts)
 
 
 def _split_page(path: Path) -> tuple[str, str, str] | None:
@@ -401,8 +432,8 @@ def budget_table(rows: list[dict]) -> str:
 
 
 def size_trend(records: Path, cells: Sequence[Cell]) -> dict:
-    """Per family with size-trend cells: for every size and main variant, the final runs' test metric (mean,
-    sd, n) and the model's parameter count (from the runs' summaries)."""
+    """Per family with size-trend cells and results at two sizes or more: for every size and main variant, the
+    final runs' test metric (mean, sd, n) and the model's parameter count (from the runs' summaries)."""
     trend: dict[str, list[dict]] = {}
     families = {c.family for c in cells if _is_size(c)}
     for fam in sorted(families):
@@ -422,7 +453,7 @@ def size_trend(records: Path, cells: Sequence[Cell]) -> dict:
                                    "mean": statistics.mean(vals), "sd": statistics.stdev(vals) if len(vals) > 1
                                    else float("nan"), "parameters": params[0] if params else None,
                                    "lr": (rec.get("best") or {}).get(v, {}).get("lr")})
-        if points:
+        if len({p["cell"] for p in points}) >= 2:  # one size is not a trend
             trend[fam] = points
     return trend
 
@@ -563,11 +594,10 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(status_lines(args.records, cells)))
     else:
         result = headline(args.records, cells)
-        block = page_block(result)
-        text = block + "\n\n" + ablation_table(result) + "\n"
-        if args.page is not None:
-            update_page(args.page, block)
         args.records.mkdir(parents=True, exist_ok=True)
+        text = report_markdown(args.records, cells, result, args.records) + "\n"
+        if args.page is not None:
+            update_page(args.page, report_markdown(args.records, cells, result, args.page.parent))
         (args.records / "table.md").write_text(text)
         (args.records / "table.json").write_text(json.dumps(result, indent=1))
         plot_headline(result, args.records / "headline.png")
@@ -578,21 +608,11 @@ def main(argv: list[str] | None = None) -> None:
                 plot_curves(FAMILIES[cell.family], final, args.records / f"{cell.name}_curves.png")
             if rec.get("best") and cell.epochs_factor is None:  # the metric against the lr: how sharp the optimum is
                 plot_grid(FAMILIES[cell.family], rec["best"], args.records / f"{cell.name}_grid.png")
-        for cell in (c for c in cells if c.family == "speech" and c.lr_from is None):
-            voices = speech_voice_stats(load(args.records, cell))
-            if voices["rows"]:
-                text += ("\n## Speech: test voices resampled, and the gap against SNR\n\n"
-                         + speech_voice_table(voices) + "\n")
-                (args.records / "table.md").write_text(text)
-        checks = budget_checks(args.records, cells)
-        if checks:
-            text += ("\n## Budget check: seed 0 at each variant's best lr, trained twice as long\n\n"
-                     + budget_table(checks) + "\n")
-            (args.records / "table.md").write_text(text)
         trend = size_trend(args.records, cells)
         if trend:
-            text += "\n## Size trend\n\n" + size_table(trend) + "\n"
-            (args.records / "table.md").write_text(text)
             (args.records / "size_trend.json").write_text(json.dumps(trend, indent=1))
             plot_size_trend(trend, args.records / "size_trend.png")
+        else:  # no trend yet: none left over from records that have changed since
+            for name in ("size_trend.json", "size_trend.png"):
+                (args.records / name).unlink(missing_ok=True)
         print(text)
