@@ -115,8 +115,8 @@ def stopping() -> bool:
 
 
 def stop_trainings(signum: int, frame: object) -> None:
-    """Signal handler: terminate the training processes this study started, then exit. Without it a
-    ``kill`` of the study would leave its trainings running on, unrecorded."""
+    """Signal handler: terminate the training processes this study started, start no more, then exit.
+    Without it a ``kill`` of the study would leave its trainings running on, unrecorded."""
     with _LIVE_LOCK:
         _STOPPING.set()
         live = list(_LIVE)

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the grid's learning rates (default: %(default)s, factor-2 steps)")
     p.add_argument("--paired", action="store_true",
                    help="--lrs gives one lr per variant, in the order of --variants: each variant's grid is its own "
-                        "lr (the study's budget checks: every variant at its best lr, all in one sweep)")
+                        "lr, never extended (the study's budget checks: every variant at its best lr, all in one sweep)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per (variant, lr) of the grid")
     p.add_argument("--extend", type=int, default=2, metavar="N",
                    help="rounds of grid extension: a variant whose best lr is the smallest or largest of its grid "
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict:
             grid_jobs = [(v, lr, s) for v in variants for lr in lrs_of[v] for s in range(args.seeds)]
             grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save)
             best = best_lrs(family, grid)
-            grown = {} if args.quick else extend_grid(best, lrs_of, args.lrs, args.extend)
+            grown = {} if args.quick or args.paired else extend_grid(best, lrs_of, args.lrs, args.extend)
             results["grid_lrs"] = {**(results.get("grid_lrs") or {}), **lrs_of}
             if not grown:
                 break
