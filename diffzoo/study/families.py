@@ -70,6 +70,8 @@ _LIMITS = ("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "-
            "--trainer.log_every_n_steps", "1")
 _MAIN = MAIN_VARIANTS  # the variants of the headline table, on every family
 NEEDLE_EVAL = 480  # retrieval contexts in each of the needle family's validation and test sets (32 per count x depth)
+_LM_BUDGET = Budget(epochs=40, steps_per_epoch=100)  # 4,000 steps: the LM's and the needle row's (same recipe)
+
 FAMILIES: dict[str, Family] = {
     "vit": Family(
         "recipes.vit_imagenet", attn_variants(_variant_names()), "val/top1", "test/top1",
@@ -94,7 +96,7 @@ FAMILIES: dict[str, Family] = {
         default_variants=_MAIN,
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=Budget(epochs=40, steps_per_epoch=100)),
+        budget=_LM_BUDGET),
     # the LM's recipe with half of the training windows retrieval contexts, selected and reported on needle
     # retrieval: fixed sets of NEEDLE_EVAL contexts cut from the held-out text (the same for every run), 129 bytes
     # each (4 needles, query and answer take 118, so 11 distractor bytes remain with 4 needles, 83 with 1)
@@ -106,7 +108,7 @@ FAMILIES: dict[str, Family] = {
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0.5",
                    "--data.needle_counts", "[1, 2, 4]", "--data.needle_eval", str(NEEDLE_EVAL),
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=Budget(epochs=20, steps_per_epoch=100)),
+        budget=_LM_BUDGET),
     "mqar": Family(
         "recipes.mqar", attn_variants(_variant_names()), "val/acc", "test/acc", "query accuracy %, MQAR",
         "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(), default_variants=_MAIN,
