@@ -149,11 +149,31 @@ def test_status_says_how_long_a_started_cell_has_left(tmp_path):
     runs = {f"softmax_lr0.001_seed{i}": {"name": f"softmax_lr0.001_seed{i}", "variant": "softmax", "lr": 1e-3,
                                           "seed": i, "seconds": 360.0} for i in range(9)}
     (tmp_path / "clip.json").write_text(json.dumps({"runs": runs}))
-    (line,) = plan.status_lines(tmp_path, [cell])
+    line, total = plan.status_lines(tmp_path, [cell])
     left = plan.planned_runs(cell) - 9
-    assert f"0.90 CPU-thread hours, about {left * 0.1:.1f} hours left ({left} runs)" in line  # 6 min a run so far
+    assert f"0.90 CPU-thread hours, about {left * 0.1:.1f} hours left ({left} runs; 6.0 min a run so far)" in line
+    assert total == f"left in all: about {left * 0.1:.1f} CPU-thread hours (about {left * 0.05:.1f} hours of wall " \
+                    "time at --jobs 2 on 2 cores)"
     (tmp_path / "clip.json").write_text(json.dumps({"runs": runs, "quick": True}))
+    assert plan.status_lines(tmp_path, [cell]) == [plan.status_lines(tmp_path, [cell])[0]]  # nothing said of the rest
     assert "left" not in plan.status_lines(tmp_path, [cell])[0]  # a quick run's records say nothing of the full cell
+
+
+def test_status_estimates_an_unstarted_cell_from_one_of_the_same_size(tmp_path):
+    """An unstarted cell takes its time per run from a cell of the same family and size, scaled by the epochs; a
+    model size with no runs anywhere gets no estimate, and the total says so."""
+    cells = {c.name: c for c in plan.CELLS}
+    runs = {f"softmax_lr0.001_seed{i}": {"variant": "softmax", "lr": 1e-3, "seed": i, "seconds": 120.0}
+            for i in range(3)}
+    (tmp_path / "vit-40ep.json").write_text(json.dumps({"runs": runs}))  # 40 epochs, 2 min a run
+    wanted = [cells[n] for n in ("vit", "vit-2x", "vit-l")]
+    vit, check, big, total = plan.status_lines(tmp_path, wanted)
+    assert plan.cell_epochs(cells["vit"]) == 80 and plan.cell_epochs(cells["vit-2x"]) == 160
+    assert "about 9.2 hours left (138 runs; 4.0 min a run estimated from a cell of the same size)" in vit
+    assert "(planned about 3 runs)" in check and "about 0.4 hours left (3 runs; 8.0 min a run" in check
+    assert "left" not in big  # vit-l's model size has no runs yet
+    assert total == ("left in all: about 9.6 CPU-thread hours (about 4.8 hours of wall time at --jobs 2 on 2 cores); "
+                     "no estimate yet for vit-l")
 
 
 def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
@@ -172,7 +192,9 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     plan.main(["status", "--cells", "mqar", "--records", str(records)])
     assert "grid   2, final   4" in capsys.readouterr().out
     plan.main(["status", "--cells", "lm", "mqar", "--records", str(records)])
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["lm", "mqar"]  # the order given
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[:2]] == ["lm", "mqar"]  # the order given
+    assert lines[2:] == ["left in all: no estimate yet for lm"]  # no lm run anywhere; a quick run estimates nothing
     plan.main(["report", "--cells", "mqar", "mqar-2x", "--records", str(records)])
     assert "| mqar (test/acc) |" in (records / "table.md").read_text()
     assert (records / "mqar_curves.png").stat().st_size > 1000  # validation metric and gradient norm

@@ -152,17 +152,29 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
         raise SystemExit(f"cell {cell.name} centres its grid on the best lrs of cell {source.name}, which has none "
                          f"for {', '.join(missing)} yet: run that cell first")
     if cell.epochs_factor is not None:  # the budget check: seed 0 at the best lr, longer; no final runs
-        budget = FAMILIES[cell.family].budget
-        assert budget is not None
-        epochs = str(round(cell.epochs_factor * (source.epochs or budget.epochs)))
+        epochs = str(cell_epochs(cell))
         # one sweep, each variant at its own best lr, so its runs fill every job slot
         return [[*sweep_argv(cell, records, jobs, quick, variants, [best[v] for v in variants], paired=True),
                  "--seeds", "1", "--final-seeds", "0", "--extend", "0", "--epochs", epochs]]
     return [sweep_argv(cell, records, jobs, quick, [v], lr_grid(best[v], cell.grid_points)) for v in variants]
 
 
+def cell_epochs(cell: Cell) -> int:
+    """The epochs every run of ``cell`` trains: its own budget, its family's, or for a budget check the
+    factor times the budget of the cell it checks."""
+    budget = FAMILIES[cell.family].budget
+    assert budget is not None, f"family {cell.family} has no study budget"
+    if cell.epochs_factor is None:
+        return cell.epochs or budget.epochs
+    source = next(c for c in CELLS if c.name == cell.lr_from)
+    return round(cell.epochs_factor * (source.epochs or budget.epochs))
+
+
 def planned_runs(cell: Cell) -> int:
-    """Runs of a cell before any grid extension: variants x (grid lrs x grid seeds + final seeds)."""
+    """Runs of a cell before any grid extension: variants x (grid lrs x grid seeds + final seeds); a budget check
+    trains one seed per variant."""
+    if cell.epochs_factor is not None:
+        return len(cell.variants)
     return len(cell.variants) * (cell.grid_points * GRID_SEEDS + cell.final_seeds)
 
 
@@ -187,8 +199,31 @@ def complete_final_runs(record: dict, cell: Cell) -> tuple[list[dict], int]:
     return [r for r in final if r["variant"] in done], len(final)
 
 
+def _seconds_per_run(records: Path, cell: Cell) -> float | None:
+    """How long a run of ``cell`` takes, from its own records, else from the records of a cell of the same family
+    and model size (scaled by the ratio of their epochs); None when neither has a run (a size of its own)."""
+    def mean_seconds(c: Cell) -> float | None:
+        rec = load(records, c)
+        secs = [r.get("seconds", 0.0) for r in (rec.get("runs") or {}).values() if not r.get("failed")]
+        return None if not secs or rec.get("quick") else statistics.mean(secs)
+
+    own = mean_seconds(cell)
+    if own is not None:
+        return own
+    for other in CELLS:
+        if other.family == cell.family and other.size_args == cell.size_args and other.name != cell.name:
+            seconds = mean_seconds(other)
+            if seconds is not None:
+                return seconds * cell_epochs(cell) / cell_epochs(other)
+    return None
+
+
 def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
+    """One line per cell (runs recorded, hours so far, about how long the rest takes), then the total left: the
+    estimate of a cell comes from its own runs so far, else from a cell of the same family and size (its runs'
+    mean time scaled by the epochs), and counts the planned runs (a grid extension adds more)."""
     lines = []
+    total, unknown = 0.0, []
     for cell in cells:
         rec = load(records, cell)
         runs = list((rec.get("runs") or {}).values())
@@ -198,14 +233,24 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         done = (grid >= len(cell.variants)) if cell.epochs_factor is not None else \
             final >= cell.final_seeds * len(cell.variants)
         left = max(planned_runs(cell) - len(runs), 0)
+        per_run = None if rec.get("quick") else _seconds_per_run(records, cell)
         if done:
             tail = " - done"
-        elif runs and left and not rec.get("quick"):  # the cell's own runs so far say how long the rest takes (grid extensions not counted)
-            tail = f", about {left * hours / len(runs):.1f} hours left ({left} runs)"
+        elif left and per_run is not None:
+            total += left * per_run / 3600
+            source = "so far" if runs else "estimated from a cell of the same size"
+            tail = f", about {left * per_run / 3600:.1f} hours left ({left} runs; {per_run / 60:.1f} min a run {source})"
         else:
             tail = ""
+            if left and not rec.get("quick"):
+                unknown.append(cell.name)
         lines.append(f"{cell.name:12s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
                      f"(planned about {planned_runs(cell)} runs), {hours:.2f} CPU-thread hours" + tail)
+    said = [f"about {total:.1f} CPU-thread hours (about {total / 2:.1f} hours of wall time at --jobs 2 on 2 cores)"]
+    if unknown:
+        said.append(f"no estimate yet for {', '.join(unknown)}")
+    if total or unknown:
+        lines.append("left in all: " + "; ".join(said[0 if total else 1:]))
     return lines
 
 
