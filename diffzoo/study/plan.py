@@ -246,11 +246,13 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
                 unknown.append(cell.name)
         lines.append(f"{cell.name:12s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
                      f"(planned about {planned_runs(cell)} runs), {hours:.2f} CPU-thread hours" + tail)
-    said = [f"about {total:.1f} CPU-thread hours (about {total / 2:.1f} hours of wall time at --jobs 2 on 2 cores)"]
+    said = []
+    if total:
+        said.append(f"about {total:.1f} CPU-thread hours (about {total / 2:.1f} hours of wall time at --jobs 2 on 2 cores)")
     if unknown:
         said.append(f"no estimate yet for {', '.join(unknown)}")
-    if total or unknown:
-        lines.append("left in all: " + "; ".join(said[0 if total else 1:]))
+    if said:
+        lines.append("left in all: " + "; ".join(said))
     return lines
 
 
