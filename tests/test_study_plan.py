@@ -261,6 +261,8 @@ def test_clip_reports_retrieval_and_zero_shot_from_the_same_final_runs(tmp_path)
     assert result["cells"]["clip"]["metric"] == "test/mean_recall"
     zs = {r["variant"]: r for r in result["cells"]["clip (test/zs_top1)"]["rows"]}
     assert zs["diff"]["mean"] == pytest.approx(3.0) and zs["diff"]["vs"]["diff"] == pytest.approx(0.0)
+    rows = [line.split(" | ")[0] for line in plan.headline_table(result).splitlines()[2:]]
+    assert rows == ["| clip (test/mean_recall)", "| clip (test/zs_top1)"]  # each metric named once
 
 
 def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):

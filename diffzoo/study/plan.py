@@ -295,7 +295,7 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
                            "kind": "ablation"}
                     ablations.append(row)
                     compared.append(row)
-            out["cells"][key] = {"family": cell.family, "metric": metric, "label": family.label, "rows": rows,
+            out["cells"][key] = {"cell": cell.name, "family": cell.family, "metric": metric, "label": family.label, "rows": rows,
                                  "command": f"python -m recipes.study run --cells {cell.name}",
                                  "ablations": ablations, "runs": len(rec["runs"]), "seconds": seconds,
                                  "higher_is_better": family.higher_is_better, "scale": family.scale}
@@ -341,7 +341,7 @@ def headline_table(result: dict) -> str:
         flat = [p for v in MAIN for p in (by[v]["plateau"] if v in by else []) if p is not None]
         flat_text = f"{sum(1 for p in flat if p['flat'])}/{len(flat)}"
         soft, v1, v2 = MAIN
-        lines.append(f"| {name} ({cell['metric']}) | {mean(soft)} | {mean(v1)} | {mean(v2)} "
+        lines.append(f"| {cell['cell']} ({cell['metric']}) | {mean(soft)} | {mean(v1)} | {mean(v2)} "
                      f"| {diff(v1)} | {diff(v2)} | {flat_text} | {cell['runs']}, "
                      f"{cell['seconds'] / 3600:.1f} | `{cell['command']}` |")
     return "\n".join(lines)
