@@ -57,7 +57,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
-    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "lm", "lm-2k"}  # every budget
+    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "clip-40ep", "lm", "lm-2k"}  # every budget
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
@@ -281,11 +281,15 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
     longer = _record("mqar", best, {v: [95.0] for v in best})
     longer["runs"] = {run_name(v, lr, 0): {**r, "seed": 0} for (v, lr), r in
                       zip(best.items(), longer["runs"].values())}
+    rising = longer["runs"][run_name("diff", 1e-3, 0)]["curves"]["val/acc"]  # V1 still climbing at 2x
+    rising[-3:] = [[s, v - 0.05 + 0.025 * i] for i, (s, v) in enumerate(rising[-3:])]
     (tmp_path / "mqar-2x.json").write_text(json.dumps(longer))
     rows = plan.budget_checks(tmp_path, [check])
     assert [r["variant"] for r in rows] == list(plan.MAIN)
     assert all(r["budget"] == pytest.approx(90.0) and r["longer"] == pytest.approx(95.0) for r in rows)
-    assert "| mqar | softmax | 0.004 | val/acc | 90.00 | 95.00 | +5.00 | yes |" in plan.budget_table(rows)
+    assert "| mqar | softmax | 0.004 | val/acc | 90.00 | 95.00 | +5.00 | yes | yes |" in plan.budget_table(rows)
+    assert [r["flat_longer"] for r in rows] == [True, False, True]
+    assert "| mqar | diff | 0.001 | val/acc | 90.00 | 95.00 | +5.00 | yes | no |" in plan.budget_table(rows)
 
 
 def test_results_page_quotes_the_finished_cells_from_their_records():
@@ -295,7 +299,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     root = Path(__file__).resolve().parents[1]
     page = " ".join((root / "docs" / "results.md").read_text().split())  # the prose as words, whatever its line breaks
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
-    quoted = {"vit-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "clip": (2, 2), "clip (test/zs_top1)": (2, 2)}
+    quoted = {"vit-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "clip-40ep": (2, 2),
+              "clip-40ep (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name in quoted])
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -315,6 +320,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     changes = {r["variant"]: f"{r['longer'] - r['budget']:+.3f}" for r in checks}
     assert (f"{changes['softmax']} (softmax), {changes['diff']} (V1) and {changes['diff_v2_matched']} (V2)"
             in page), changes
+    # CLIP's budget check: the gain of each variant's validation mean recall at twice the epochs
+    checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "clip-40ep-2x"])
+    gains = {r["variant"]: f"{r['longer'] - r['budget']:+.2f}" for r in checks}
+    assert len(checks) == 3 and all(r["flat_longer"] for r in checks)  # "all three 80-epoch curves were flat"
+    assert (f"{gains['softmax']} (softmax), {gains['diff']} (V1) and {gains['diff_v2_matched']} (V2) points"
+            in page), gains
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}

@@ -83,7 +83,7 @@ FAMILIES: dict[str, Family] = {
         "recipes.clip", attn_variants(_variant_names()), "val/mean_recall", "test/mean_recall",
         "image-text retrieval mean recall %, coloured digits; test: held-out colour pairs", "clip_digits.yaml",
         _data_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), default_variants=_MAIN,
-        base_args=("--model.model", "SoftCLIP-nano"), budget=Budget(epochs=40), also_report=("test/zs_top1",)),
+        base_args=("--model.model", "SoftCLIP-nano"), budget=Budget(epochs=80), also_report=("test/zs_top1",)),
     "speech": Family(
         "recipes.speech_commands", attn_variants(_variant_names()), "val/top1", "test/top1",
         "top-1 %, synthesised keywords", "speech_synth.yaml", _data_seed,
