@@ -529,3 +529,12 @@ def test_the_study_library_reads_records_without_lightning_and_recipes_sweep_is_
 
     assert entry.main is sweep.main
     assert all(f.config.is_file() for f in FAMILIES.values())  # each recipe's default config is found
+
+
+def test_progress_line_says_how_far_and_how_long_the_rest_takes():
+    from diffzoo.study.runs import progress_line
+
+    assert progress_line(3, 45, 900.0) == "progress: 3 of 45 runs, 15 min so far, about 3.5 h left at this pace"
+    assert progress_line(40, 45, 6000.0) == "progress: 40 of 45 runs, 1.7 h so far, about 12 min left at this pace"
+    assert progress_line(45, 45, 6000.0) == "progress: 45 of 45 runs, 1.7 h so far"  # done: nothing left to guess
+    assert progress_line(1, 4, 20.0) == "progress: 1 of 4 runs, 20 s so far, about 60 s left at this pace"

@@ -49,6 +49,7 @@ from .recipe import lr_grid, recipe_args
 from .runs import (
     last_logged,
     latest_log_dir,
+    progress_line,
     read_divergence,
     read_run,
     read_test_clips,
@@ -114,6 +115,7 @@ def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Se
     """Train every job not in ``cache`` (keyed by run name), or recorded there as failed (a crash is trained
     again on the next call; a divergence is a result and stays); the records of all jobs, in order."""
     todo = [j for j in jobs if run_name(*j) not in cache or cache[run_name(*j)].get("failed")]
+    start = time.time()
 
     def one(job: tuple) -> dict:
         return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None)
@@ -122,6 +124,7 @@ def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Se
         for r in done:
             cache[r["name"]] = r
         save()
+        print(progress_line(len(done), len(todo), time.time() - start), flush=True)
 
     run_jobs(todo, one, parallel, store)
     return [cache[run_name(*j)] for j in jobs]
