@@ -157,6 +157,13 @@ def test_status_says_how_long_a_started_cell_has_left(tmp_path):
     (tmp_path / "clip.json").write_text(json.dumps({"runs": runs, "quick": True}))
     assert plan.status_lines(tmp_path, [cell]) == [plan.status_lines(tmp_path, [cell])[0]]  # nothing said of the rest
     assert "left" not in plan.status_lines(tmp_path, [cell])[0]  # a quick run's records say nothing of the full cell
+    # a grid extended at an edge (one more lr for V1): 3 more grid runs planned, and counted in what is left
+    grown = {v: list(cell.lrs) for v in cell.variants}
+    grown["diff"].append(2 * cell.lrs[-1])
+    (tmp_path / "clip.json").write_text(json.dumps({"runs": runs, "grid_lrs": grown}))
+    assert plan.planned_runs(cell, {"grid_lrs": grown}) == plan.planned_runs(cell) + 3 == 72
+    assert "(planned about 72 runs)" in plan.status_lines(tmp_path, [cell])[0]
+    assert f"({72 - 9} runs; 6.0 min a run so far)" in plan.status_lines(tmp_path, [cell])[0]
 
 
 def test_status_estimates_an_unstarted_cell_from_one_of_the_same_size(tmp_path):

@@ -175,12 +175,14 @@ def cell_epochs(cell: Cell) -> int:
     return round(cell.epochs_factor * (source.epochs or budget.epochs))
 
 
-def planned_runs(cell: Cell) -> int:
-    """Runs of a cell before any grid extension: variants x (grid lrs x grid seeds + final seeds); a budget check
-    trains one seed per variant."""
+def planned_runs(cell: Cell, record: dict | None = None) -> int:
+    """Runs of a cell: variants x (grid lrs x grid seeds + final seeds), with the grid lrs its ``record`` holds
+    (an extension at an edge adds some); a budget check trains one seed per variant."""
     if cell.epochs_factor is not None:
         return len(cell.variants)
-    return len(cell.variants) * (cell.grid_points * GRID_SEEDS + cell.final_seeds)
+    grown = (record or {}).get("grid_lrs") or {}
+    lrs = sum(max(len(grown.get(v) or ()), cell.grid_points) for v in cell.variants)
+    return lrs * GRID_SEEDS + len(cell.variants) * cell.final_seeds
 
 
 def load(records: Path, cell: Cell) -> dict:
@@ -226,7 +228,7 @@ def _seconds_per_run(records: Path, cell: Cell) -> float | None:
 def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
     """One line per cell (runs recorded, hours so far, about how long the rest takes), then the total left: the
     estimate of a cell comes from its own runs so far, else from a cell of the same family and size (its runs'
-    mean time scaled by the epochs), and counts the planned runs (a grid extension adds more)."""
+    mean time scaled by the epochs), and counts the planned runs (with the grid extensions recorded so far)."""
     lines = []
     total, unknown = 0.0, []
     for cell in cells:
@@ -237,7 +239,8 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         hours = sum(r.get("seconds", 0.0) for r in runs) / 3600
         done = (grid >= len(cell.variants)) if cell.epochs_factor is not None else \
             final >= cell.final_seeds * len(cell.variants)
-        left = max(planned_runs(cell) - len(runs), 0)
+        planned = planned_runs(cell, rec)
+        left = max(planned - len(runs), 0)
         per_run = None if rec.get("quick") else _seconds_per_run(records, cell)
         if done:
             tail = " - done"
@@ -250,7 +253,7 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
             if left and not rec.get("quick"):
                 unknown.append(cell.name)
         lines.append(f"{cell.name:12s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
-                     f"(planned about {planned_runs(cell)} runs), {hours:.2f} CPU-thread hours" + tail)
+                     f"(planned about {planned} runs), {hours:.2f} CPU-thread hours" + tail)
     said = []
     if total:
         said.append(f"about {total:.1f} CPU-thread hours (about {total / 2:.1f} hours of wall time at --jobs 2 on 2 cores)")
