@@ -133,13 +133,11 @@ def stop_trainings(signum: int, frame: object) -> None:
 
 def progress_line(done: int, total: int, seconds: float) -> str:
     """How far a batch of runs has got, and how long the rest takes at the pace so far (wall time)."""
-    left = seconds / done * (total - done) if done else float("nan")
-
     def said(s: float) -> str:
         return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
     return (f"progress: {done} of {total} runs, {said(seconds)} so far"
-            + (f", about {said(left)} left at this pace" if 0 < done < total else ""))
+            + (f", about {said(seconds / done * (total - done))} left at this pace" if 0 < done < total else ""))
 
 
 def run_jobs(jobs: Sequence, run: Callable, parallel: int, on_result: Callable[[list], None] | None = None) -> list:
