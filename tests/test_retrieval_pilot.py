@@ -1,0 +1,54 @@
+"""The retrieval pilot's measures: a model that copies scores on the second occurrence, the windows hold what
+their answers say, and the loop runs."""
+
+import numpy as np
+import torch
+
+from benchmarks import retrieval_pilot as rp
+
+
+def test_copy_accuracy_separates_a_copying_model_from_one_that_does_not():
+    prefix, span = 8, 10
+    ctx = rp.repeated_spans(np.arange(1000) % 200, 16, prefix, span, np.random.default_rng(0), random_letters=True)
+    assert torch.equal(ctx[:, prefix : prefix + span], ctx[:, prefix + span :])
+
+    def copier(tokens):  # predicts the token that followed the same position one span earlier
+        out = torch.zeros_like(tokens)
+        out[:, span - 1 :] = tokens[:, : tokens.shape[1] - span + 1]
+        return out
+
+    first, second = rp.copy_accuracy(copier, ctx, prefix, span)
+    assert second == 100.0 and first < 20.0
+    first, second = rp.copy_accuracy(lambda t: torch.zeros_like(t), ctx, prefix, span)
+    assert first == second == 0.0  # letters are 97..122, never 0
+
+
+def test_dense_windows_ask_for_values_planted_earlier():
+    text, _ = rp.corpus_split()
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        window, answers = rp.dense_window(text, rng, needles=4, queries=4, letters=3, digits=3)
+        assert len(window) == rp.WINDOW and len(answers) == 4
+        raw = bytes(window.astype(np.uint8))
+        for s, e in answers:
+            key = raw[s - 4 : s]  # "ABC="
+            assert key.endswith(b"=") and key[:3].isalpha() and raw[s:e].isdigit()
+            assert b" " + key + raw[s:e] + b". " in raw[: rp.WINDOW - 4 * 8]  # the needle it asks for
+
+
+def test_exact_matches_counts_whole_answers_only():
+    window = torch.arange(20).unsqueeze(0)
+    answers = [[(5, 8), (10, 12)]]
+
+    def almost(tokens):  # right everywhere except the last byte of the second answer
+        out = torch.arange(1, tokens.shape[1] + 1).unsqueeze(0)
+        out[0, 10] = -1
+        return out
+
+    assert rp.exact_matches(almost, window, answers) == 50.0
+
+
+def test_training_loop_prints_its_scores(capsys):
+    rp.main(["train", "--steps", "2", "--every", "1", "--answer-loss"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[-1].startswith("step 2: loss ") and "(chance 0.1 %)" in lines[-1]
