@@ -13,9 +13,9 @@ predicts the second occurrence far better than the first (in-context copying, th
 
 ``train`` trains one model with the study's recipe (AdamW, its weight decay, betas, clipping, warm-up and
 cosine, ``diffzoo.study.recipe.RECIPE``) on 129-byte windows of training text holding ``--needles`` compact
-needles ``" ABC=123. "`` and ending with ``--queries`` of them asked again (``"\\nABC=123"``), and prints the
-exact-match retrieval of 256 held-out windows every 500 steps. ``--answer-loss`` trains on the answer bytes
-only (MQAR's objective); otherwise on every byte (an LM's). One thread, the study's batch of 16 windows.
+needles ``" ABC=123. "`` and ending with ``--queries`` of them asked again (``diffzoo.data.needles.recall_window``),
+and prints the exact-match retrieval of 256 held-out windows every 500 steps. ``--answer-loss`` trains on the
+answer bytes only (MQAR's objective); otherwise on every byte (an LM's). One thread, the study's batch of 16.
 
 This is a pilot loop, not a recipe: no checkpoints, no records. docs/study.md lists what it printed.
 """
@@ -23,7 +23,6 @@ This is a pilot loop, not a recipe: no checkpoints, no records. docs/study.md li
 from __future__ import annotations
 
 import argparse
-import string
 import time
 from collections.abc import Callable, Sequence
 
@@ -68,38 +67,6 @@ def copy_accuracy(predict: Callable[[Tensor], Tensor], contexts: Tensor, prefix:
             100 * (pred[:, second] == target[:, second]).float().mean().item())
 
 
-def dense_window(text: np.ndarray, rng: np.random.Generator, needles: int, queries: int, letters: int,
-                 digits: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """One window of ``WINDOW`` bytes: text with ``needles`` compact needles at random places, ending with
-    ``queries`` of them asked again; returns the bytes and the ``(start, end)`` of every answer."""
-    names: list[str] = []
-    while len(names) < needles:
-        name = "".join(rng.choice(list(string.ascii_uppercase), letters))
-        if name not in names:
-            names.append(name)
-    values = ["".join(rng.choice(list(string.digits), digits)) for _ in names]
-    planted = [f" {n}={v}. ".encode() for n, v in zip(names, values)]
-    asked = [int(i) for i in rng.permutation(needles)[:queries]]
-    tail = b"".join(f"\n{names[i]}={values[i]}".encode() for i in asked)
-    filler = WINDOW - len(tail) - sum(len(p) for p in planted)
-    if filler < 0:
-        raise ValueError(f"{needles} needles and {queries} queries take more than {WINDOW} bytes")
-    o = int(rng.integers(0, len(text) - filler))
-    fill = text[o : o + filler]
-    pieces, cursor = [], 0
-    for point, needle in zip(sorted(int(p) for p in rng.integers(0, filler + 1, needles)), planted):
-        pieces += [fill[cursor:point], np.frombuffer(needle, dtype=np.uint8)]
-        cursor = point
-    pieces += [fill[cursor:], np.frombuffer(tail, dtype=np.uint8)]
-    window = np.concatenate(pieces).astype(np.int64)
-    answers, pos = [], WINDOW - len(tail)
-    for i in asked:
-        pos += len(f"\n{names[i]}=")
-        answers.append((pos, pos + digits))
-        pos += digits
-    return window, answers
-
-
 def exact_matches(predict: Callable[[Tensor], Tensor], windows: Tensor, answers: Sequence[Sequence[tuple[int, int]]]) -> float:
     """% of answers whose every byte the model predicts (greedy, teacher-forced)."""
     pred = predict(windows[:, :-1])
@@ -142,6 +109,7 @@ def run_copy(paths: Sequence[str], count: int, seed: int) -> None:
 
 
 def run_train(args: argparse.Namespace) -> None:
+    from diffzoo.data.needles import recall_window
     from diffzoo.models.lm import CausalLM, LMConfig, preset_args
     from diffzoo.study.recipe import RECIPE
     from diffzoo.tasks.optim import warmup_cosine, weight_decay_groups
@@ -149,23 +117,23 @@ def run_train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     train, held = corpus_split()
-    shape = (args.needles, args.queries, args.letters, args.digits)
+    shape = dict(needles=args.needles, queries=args.queries, letters=args.letters, digits=args.digits)
     eval_rng = np.random.default_rng(12345)
-    held_windows = [dense_window(held, eval_rng, *shape) for _ in range(256)]
-    eval_tokens = torch.as_tensor(np.stack([w for w, _ in held_windows]))
+    held_windows = [recall_window(held, WINDOW, eval_rng, **shape) for _ in range(256)]
+    eval_tokens = torch.as_tensor(np.stack([w.tokens for w in held_windows]))
     model = CausalLM(LMConfig(**preset_args(args.model, vocab_size=256, attn=args.attn)))
     opt = torch.optim.AdamW(weight_decay_groups(model, RECIPE.weight_decay), lr=args.lr, betas=RECIPE.betas)
     warmup = max(1, round(RECIPE.warmup_fraction * args.steps))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, warmup, args.steps, RECIPE.min_lr_ratio))
     start = time.time()
     for step in range(1, args.steps + 1):
-        batch = [dense_window(train, rng, *shape) for _ in range(args.batch_size)]
-        tokens = torch.as_tensor(np.stack([w for w, _ in batch]))
+        batch = [recall_window(train, WINDOW, rng, **shape) for _ in range(args.batch_size)]
+        tokens = torch.as_tensor(np.stack([w.tokens for w in batch]))
         targets = tokens[:, 1:].clone()
         if args.answer_loss:
             keep = torch.zeros_like(targets, dtype=torch.bool)
-            for i, (_, spans) in enumerate(batch):
-                for s, e in spans:
+            for i, window in enumerate(batch):
+                for s, e in window.answers:
                     keep[i, s - 1 : e - 1] = True
             targets[~keep] = -100
         loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), targets.flatten())
@@ -175,7 +143,7 @@ def run_train(args: argparse.Namespace) -> None:
         opt.step()
         sched.step()
         if step % args.every == 0 or step == args.steps:
-            acc = exact_matches(_greedy(model), eval_tokens, [a for _, a in held_windows])
+            acc = exact_matches(_greedy(model), eval_tokens, [w.answers for w in held_windows])
             print(f"step {step}: loss {loss.item():.3f}, held-out retrieval {acc:.1f} % exact match "
                   f"(chance {100 * 10.0 ** -args.digits:g} %), {time.time() - start:.0f} s", flush=True)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffzoo.data.needles import make_needle_sample, needle_text, query_text
+from diffzoo.data.needles import make_needle_sample, needle_text, query_text, recall_window
 from diffzoo.data.text import (
     ByteTokenizer,
     RandomWindowSampler,
@@ -239,6 +239,25 @@ def test_needle_sample_spans() -> None:
             assert s.needles[0][1] == s.query[0]
     with pytest.raises(ValueError, match="too short"):
         make_needle_sample(filler, tok, 60, 3, 0.5, np.random.default_rng(0))
+
+
+def test_recall_window_asks_for_values_planted_earlier() -> None:
+    filler = np.frombuffer(b"lorem ipsum dolor sit amet " * 40, dtype=np.uint8)
+    rng = np.random.default_rng(3)
+    for letters, digits in ((3, 3), (1, 2)):
+        for _ in range(10):
+            w = recall_window(filler, 129, rng, needles=4, queries=3, letters=letters, digits=digits)
+            raw = bytes(w.tokens.astype(np.uint8))
+            assert len(raw) == 129 and w.tokens.dtype == np.int64 and len(w.answers) == 3
+            assert w.answers[-1][1] == 129  # the last answer ends the window
+            for s, e in w.answers:
+                key = raw[s - letters - 2 : s]  # "\nABC="
+                assert key[:1] == b"\n" and key[1:-1].isalpha() and key.endswith(b"=") and raw[s:e].isdigit()
+                assert e - s == digits and raw.count(b" " + key[1:] + raw[s:e] + b". ") == 1  # its needle
+    with pytest.raises(ValueError, match="more than 40"):
+        recall_window(filler, 40, rng, needles=4, queries=4)
+    with pytest.raises(ValueError, match="queries=5"):
+        recall_window(filler, 129, rng, needles=4, queries=5)
 
 
 def test_attention_scores_on_hand_built_maps() -> None:

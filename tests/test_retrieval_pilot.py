@@ -23,19 +23,6 @@ def test_copy_accuracy_separates_a_copying_model_from_one_that_does_not():
     assert first == second == 0.0  # letters are 97..122, never 0
 
 
-def test_dense_windows_ask_for_values_planted_earlier():
-    text, _ = rp.corpus_split()
-    rng = np.random.default_rng(3)
-    for _ in range(20):
-        window, answers = rp.dense_window(text, rng, needles=4, queries=4, letters=3, digits=3)
-        assert len(window) == rp.WINDOW and len(answers) == 4
-        raw = bytes(window.astype(np.uint8))
-        for s, e in answers:
-            key = raw[s - 4 : s]  # "ABC="
-            assert key.endswith(b"=") and key[:3].isalpha() and raw[s:e].isdigit()
-            assert b" " + key + raw[s:e] + b". " in raw[: rp.WINDOW - 4 * 8]  # the needle it asks for
-
-
 def test_exact_matches_counts_whole_answers_only():
     window = torch.arange(20).unsqueeze(0)
     answers = [[(5, 8), (10, 12)]]

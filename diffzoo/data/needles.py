@@ -36,6 +36,8 @@ __all__ = [
     "needle_sample_from_seed",
     "needle_text",
     "query_text",
+    "recall_window",
+    "RecallWindow",
 ]
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # depths of the queried needle in evaluation contexts
@@ -116,6 +118,62 @@ def _random_names(rng: np.random.Generator, n: int, letters: int = 3) -> list[st
         if name not in names:
             names.append(name)
     return names
+
+
+@dataclass
+class RecallWindow:
+    """A window dense with retrieval (:func:`recall_window`).
+
+    Attributes:
+        tokens: int64 ``(length,)``.
+        answers: ``(start, end)`` of every asked value in the queries at the end of ``tokens``.
+    """
+
+    tokens: np.ndarray
+    answers: list[tuple[int, int]]
+
+
+def recall_window(
+    distractor: np.ndarray,
+    length: int,
+    rng: np.random.Generator,
+    needles: int = 4,
+    queries: int = 4,
+    letters: int = 3,
+    digits: int = 3,
+) -> RecallWindow:
+    """A byte window of ``length`` tokens: distractor text with ``needles`` compact needles ``" ABC=123. "`` at
+    random places, ending with ``queries`` of them asked again in random order (``"\\nABC=123"``), so one
+    window holds ``queries`` answers instead of the single one of :func:`make_needle_sample`. Byte tokens only
+    (the needles are written as UTF-8 bytes).
+
+    Raises ValueError when the needles and queries do not fit ``length`` or the distractor text is too short.
+    """
+    if not 1 <= queries <= needles:
+        raise ValueError(f"queries={queries} must be between 1 and needles={needles}")
+    names = _random_names(rng, needles, letters)
+    values = ["".join(rng.choice(list(string.digits), digits)) for _ in names]
+    planted = [f" {n}={v}. ".encode() for n, v in zip(names, values)]
+    asked = [int(i) for i in rng.permutation(needles)[:queries]]
+    tail = b"".join(f"\n{names[i]}={values[i]}".encode() for i in asked)
+    filler = length - len(tail) - sum(len(p) for p in planted)
+    if filler < 0:
+        raise ValueError(f"{needles} needles and {queries} queries take {length - filler} tokens, more than {length}")
+    if len(distractor) <= filler:
+        raise ValueError(f"the distractor text has {len(distractor)} tokens; more than {filler} are needed")
+    start = int(rng.integers(0, len(distractor) - filler))
+    fill = np.asarray(distractor[start : start + filler], dtype=np.int64)
+    pieces, cursor = [], 0
+    for point, needle in zip(sorted(int(p) for p in rng.integers(0, filler + 1, needles)), planted):
+        pieces += [fill[cursor:point], np.frombuffer(needle, dtype=np.uint8).astype(np.int64)]
+        cursor = point
+    pieces += [fill[cursor:], np.frombuffer(tail, dtype=np.uint8).astype(np.int64)]
+    answers, pos = [], length - len(tail)
+    for i in asked:
+        pos += len(f"\n{names[i]}=")
+        answers.append((pos, pos + digits))
+        pos += digits
+    return RecallWindow(tokens=np.concatenate(pieces), answers=answers)
 
 
 def make_needle_sample(
