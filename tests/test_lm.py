@@ -254,6 +254,12 @@ def test_recall_window_asks_for_values_planted_earlier() -> None:
                 key = raw[s - letters - 2 : s]  # "\nABC="
                 assert key[:1] == b"\n" and key[1:-1].isalpha() and key.endswith(b"=") and raw[s:e].isdigit()
                 assert e - s == digits and raw.count(b" " + key[1:] + raw[s:e] + b". ") == 1  # its needle
+            for smp, (s, e) in zip(w.samples(), w.answers):  # one scoring sample per answer, spans consistent
+                needle = raw[smp.needles[0][0] : smp.needles[0][1]]
+                assert smp.answer == (s, e) and raw[smp.value[0] : smp.value[1]] == raw[s:e]
+                assert needle == b" " + raw[smp.query[0] + 1 : smp.query[1]] + raw[s:e] + b". "
+                assert smp.num_needles == 4 and len(smp.needles) == 4 and len(set(smp.needles)) == 4
+                assert int(smp.noise_mask().sum()) == smp.query[0] - sum(b - a for a, b in smp.needles)
     with pytest.raises(ValueError, match="more than 40"):
         recall_window(filler, 40, rng, needles=4, queries=4)
     with pytest.raises(ValueError, match="queries=5"):

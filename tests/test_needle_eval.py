@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from diffzoo.data.needles import make_needle_sample
-from diffzoo.data.text import ByteTokenizer, TextDataModule
+from diffzoo.data.text import TextDataModule
 from diffzoo.evaluation.retrieval import answer_hits, retrieval_hits
 
 from conftest import QUIET_CPU_TRAINER  # tests/ is on sys.path
@@ -76,17 +75,79 @@ def test_contexts_are_held_out_disjoint_balanced_and_the_same_for_every_run(tmp_
         _data(tmp_path, seq_len=96)  # 4 needles, query and answer take 118 tokens
 
 
-def test_family_windows_hold_four_needles() -> None:
-    """The study's 128-token windows (contexts of 129) hold 4 needles with distractor text left over."""
+def test_family_windows_hold_four_needles_and_four_queries() -> None:
+    """The study's 128-token windows (contexts of 129) hold 4 compact needles and 4 queries with 57 bytes of
+    distractor text left over."""
+    from diffzoo.data.needles import recall_window
     from diffzoo.study.families import FAMILIES
 
     args = FAMILIES["needle"].base_args
     seq_len = int(args[args.index("--data.seq_len") + 1])
-    assert seq_len == 128 and "--data.needle_eval" in args
-    s = make_needle_sample(np.zeros(1000, np.uint8), ByteTokenizer(), seq_len + 1, 4, 0.5, np.random.default_rng(0))
-    assert int(s.noise_mask().sum()) == 11
-    with pytest.raises(ValueError, match="too short"):
-        make_needle_sample(np.zeros(1000, np.uint8), ByteTokenizer(), 118 - 1, 4, 0.5, np.random.default_rng(0))
+    assert seq_len == 128 and args[args.index("--data.needle_counts") + 1] == "[4]"
+    assert args[args.index("--data.needle_queries") + 1] == "4"
+    w = recall_window(np.zeros(1000, np.uint8), seq_len + 1, np.random.default_rng(0), needles=4, queries=4)
+    assert int(w.samples()[0].noise_mask().sum()) == 57
+    with pytest.raises(ValueError, match="more than 71"):
+        recall_window(np.zeros(1000, np.uint8), 71, np.random.default_rng(0), needles=4, queries=4)
+
+
+def test_recall_contexts_score_every_answer_and_train_on_the_answers_only(tmp_path: Path) -> None:
+    dm = _data(tmp_path, needle_style="recall", needle_counts=[4], needle_queries=4, needle_eval=10,
+               answer_loss=True, needle_fraction=1.0)
+    val, test = dm.needle_contexts("val"), dm.needle_contexts("test")
+    assert len(val) == len(test) == 40  # 10 windows of 4 answers each
+    assert len({id(s.tokens) for s in val}) == 10 and {len(s.tokens) for s in val + test} == {129}
+    for contexts, letters in ((val, VAL_LETTERS), (test, TEST_LETTERS)):
+        for s in contexts[::4]:  # the first answer of each window: its noise is the distractor text only
+            assert set(_filler(s)) <= set(letters)
+    other = _data(tmp_path, seed=7, needle_style="recall", needle_counts=[4], needle_eval=10)
+    assert all(torch.equal(a.tokens, b.tokens) for a, b in zip(val, other.needle_contexts("val")))
+    # a training retrieval window: targets are the 12 answer digits, ignored elsewhere; plain text keeps them all
+    x, y = dm.train_set[(0, 123)]
+    kept = y != -100
+    assert len(x) == len(y) == 128 and int(kept.sum()) == 12
+    assert bytes(y[kept].tolist()).isdigit() and torch.equal(y[kept], torch.cat([x[1:], y[-1:]])[kept])
+    assert bytes(x[kept].tolist()).replace(b"=", b"").isdigit()  # each answer digit follows "=" or a digit
+    x, y = dm.train_set[(0, -1)]
+    assert (y != -100).all() and torch.equal(x[1:], y[:-1])
+    with pytest.raises(ValueError, match="needle_style='nested'"):
+        _data(tmp_path, needle_style="nested")
+    with pytest.raises(ValueError, match="needle_queries=0"):
+        _data(tmp_path, needle_style="recall", needle_queries=0)
+
+
+class _RecallLookup(torch.nn.Module):
+    """An oracle for "recall" windows: at every ``"\\nABC="`` it predicts the value planted as ``" ABC=123. "``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(*tokens.shape, 256) + self.dummy
+        for i, row in enumerate(tokens.tolist()):
+            text = bytes(row).decode("latin-1")
+            planted = dict(re.findall(r" ([A-Z]{3})=(\d{3})\. ", text))
+            for m in re.finditer(r"\n([A-Z]{3})=", text):
+                for k, digit in enumerate(planted.get(m.group(1), "")):
+                    if m.end() - 1 + k < len(row):
+                        logits[i, m.end() - 1 + k, ord(digit)] = 10.0
+        return logits
+
+
+def test_validation_scores_a_recall_oracle_one(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from diffzoo.tasks.lm import LanguageModelTask
+
+    dm = _data(tmp_path, needle_style="recall", needle_counts=[2, 4], needle_queries=3, needle_eval=6)
+    assert len(dm.needle_contexts("val")) == 3 * 2 + 3 * 3  # windows of 2 needles ask 2, of 4 ask 3
+    task = LanguageModelTask("lm_tiny", attn="softmax")
+    task.model = _RecallLookup()
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=1)
+    assert trainer.validate(task, datamodule=dm, verbose=False)[0]["val/needle_acc"] == 1.0
+    assert "15 answers in 6 fixed contexts of 129 tokens" in task.describe_metric("val/needle_acc", dm)
 
 
 class _KeyLookup(torch.nn.Module):
@@ -219,11 +280,12 @@ def test_study_has_a_needle_row_after_the_lm() -> None:
     from diffzoo.study.families import FAMILIES
 
     lm, needle = FAMILIES["lm"], FAMILIES["needle"]
-    assert (needle.recipe, needle.budget, needle.val_metric, needle.test_metric) == (
-        lm.recipe, lm.budget, "val/needle_acc", "test/needle_acc")
-    assert needle.higher_is_better and needle.scale == 100.0
-    args = needle.base_args
-    assert args[args.index("--data.needle_fraction") + 1] == "0.5" and int(args[args.index("--data.needle_eval") + 1]) > 0
+    assert (needle.recipe, needle.val_metric, needle.test_metric) == (lm.recipe, "val/needle_acc", "test/needle_acc")
+    assert needle.higher_is_better and needle.scale == 100.0 and needle.budget is not None
+    assert needle.budget.epochs * needle.budget.steps_per_epoch == 8000  # twice the LM's: retrieval appears late
+    args = dict(zip(needle.base_args[::2], needle.base_args[1::2]))
+    assert (args["--data.needle_fraction"], args["--data.needle_style"], args["--data.answer_loss"]) == (
+        "1", "recall", "true") and int(args["--data.needle_eval"]) > 0
     assert lm.base_args[lm.base_args.index("--data.needle_fraction") + 1] == "0" and "--data.needle_eval" not in lm.base_args
-    # not a cell of the study yet: the row sat at the floor in its pilot (docs/study.md)
-    assert "needle" not in [c.name for c in plan.CELLS]
+    names = [c.name for c in plan.CELLS]
+    assert names.index("needle") == names.index("lm") + 1 and "needle-2x" in names

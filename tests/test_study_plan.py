@@ -57,7 +57,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
-    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "clip-40ep", "lm", "lm-2k"}  # every budget
+    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "clip-40ep", "lm", "lm-2k", "needle"}
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 

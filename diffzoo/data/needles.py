@@ -127,10 +127,30 @@ class RecallWindow:
     Attributes:
         tokens: int64 ``(length,)``.
         answers: ``(start, end)`` of every asked value in the queries at the end of ``tokens``.
+        queries: ``(start, end)`` of the text that asks for each answer (``"\\nABC="``).
+        needles: ``(start, end)`` of every needle in the window.
+        asked: for each answer, the index in ``needles`` of the needle it is asked from.
     """
 
     tokens: np.ndarray
     answers: list[tuple[int, int]]
+    queries: list[tuple[int, int]] = field(default_factory=list)
+    needles: list[tuple[int, int]] = field(default_factory=list)
+    asked: list[int] = field(default_factory=list)
+
+    def samples(self) -> list[NeedleSample]:
+        """One :class:`NeedleSample` per answer, each holding the whole window: a causal model's prediction of an
+        answer does not see the queries after it, so scoring the samples one by one
+        (:func:`diffzoo.evaluation.retrieval.retrieval_hits`) scores every answer of the window."""
+        tokens = torch.from_numpy(np.asarray(self.tokens, dtype=np.int64))
+        out = []
+        for (a0, a1), query, i in zip(self.answers, self.queries, self.asked):
+            s, e = self.needles[i]
+            value = (e - 2 - (a1 - a0), e - 2)  # the needle ends with "<value>. "
+            others = [span for j, span in enumerate(self.needles) if j != i]
+            out.append(NeedleSample(tokens=tokens, answer=(a0, a1), value=value, needles=[(s, e), *others],
+                                    query=query, num_needles=len(self.needles)))
+        return out
 
 
 def recall_window(
@@ -163,17 +183,23 @@ def recall_window(
         raise ValueError(f"the distractor text has {len(distractor)} tokens; more than {filler} are needed")
     start = int(rng.integers(0, len(distractor) - filler))
     fill = np.asarray(distractor[start : start + filler], dtype=np.int64)
-    pieces, cursor = [], 0
+    pieces: list[np.ndarray] = []
+    spans: list[tuple[int, int]] = []
+    cursor = 0
     for point, needle in zip(sorted(int(p) for p in rng.integers(0, filler + 1, needles)), planted):
         pieces += [fill[cursor:point], np.frombuffer(needle, dtype=np.uint8).astype(np.int64)]
+        at = point + sum(len(p) for p in planted[: len(spans)])  # the needles before this one shift it
+        spans.append((at, at + len(needle)))
         cursor = point
     pieces += [fill[cursor:], np.frombuffer(tail, dtype=np.uint8).astype(np.int64)]
-    answers, pos = [], length - len(tail)
+    answers, query_spans, pos = [], [], length - len(tail)
     for i in asked:
-        pos += len(f"\n{names[i]}=")
-        answers.append((pos, pos + digits))
-        pos += digits
-    return RecallWindow(tokens=np.concatenate(pieces), answers=answers)
+        query = len(f"\n{names[i]}=")
+        query_spans.append((pos, pos + query))
+        answers.append((pos + query, pos + query + digits))
+        pos += query + digits
+    return RecallWindow(tokens=np.concatenate(pieces), answers=answers, queries=query_spans, needles=spans,
+                        asked=asked)
 
 
 def make_needle_sample(

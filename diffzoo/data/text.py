@@ -26,7 +26,14 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .modules import _rank_world, check_train_loader, epoch_sampler
-from .needles import DEPTHS, NeedleSample, fixed_needle_set, make_needle_sample, needle_sample_from_seed
+from .needles import (
+    DEPTHS,
+    NeedleSample,
+    fixed_needle_set,
+    make_needle_sample,
+    needle_sample_from_seed,
+    recall_window,
+)
 
 PathLike = str | os.PathLike
 
@@ -182,12 +189,28 @@ def load_tokens(path: PathLike) -> np.memmap:
     return np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r", shape=(meta["num_tokens"],))
 
 
+IGNORE_INDEX = -100  # a target the cross-entropy skips (torch's default ignore_index)
+NEEDLE_STYLES = ("sentence", "recall")
+
+
+def check_needle_style(style: str, queries: int) -> None:
+    """Raise ValueError naming the problem for an unknown ``needle_style`` or ``needle_queries < 1``."""
+    if style not in NEEDLE_STYLES:
+        raise ValueError(f"data.needle_style={style!r}: choose one of {', '.join(NEEDLE_STYLES)}")
+    if queries < 1:
+        raise ValueError(f"data.needle_queries={queries} must be a positive integer")
+
+
 class TokenWindows(Dataset):
     """Windows of ``seq_len + 1`` tokens from ``tokens[start:end]`` of a token file, as ``(x, y)`` pairs.
 
     An index is either a window number (when ``offsets`` is given: fixed validation windows) or a key
     ``(offset, needle_seed)`` from :class:`RandomWindowSampler`; ``needle_seed >= 0`` returns a retrieval
-    context drawn from that seed instead of plain text. The memory map is opened lazily in each worker.
+    context drawn from that seed instead of plain text: a needle sentence and its query
+    (``needle_style="sentence"``, :func:`~diffzoo.data.needles.make_needle_sample`) or compact needles with up to
+    ``needle_queries`` of them asked (``"recall"``, :func:`~diffzoo.data.needles.recall_window`), the needle
+    count drawn from ``needle_counts``. With ``answer_loss`` a retrieval context's targets are its answers only
+    (``IGNORE_INDEX`` elsewhere); plain text keeps every target. The memory map is opened lazily in each worker.
     """
 
     def __init__(
@@ -199,8 +222,13 @@ class TokenWindows(Dataset):
         offsets: Sequence[int] | None = None,
         tokenizer: str = "byte",
         needle_counts: Sequence[int] = (1, 2, 4),
+        needle_style: str = "sentence",
+        needle_queries: int = 4,
+        answer_loss: bool = False,
     ) -> None:
+        check_needle_style(needle_style, needle_queries)
         self.path, self.seq_len, self.tokenizer_name = str(path), seq_len, tokenizer
+        self.needle_style, self.needle_queries, self.answer_loss = needle_style, needle_queries, answer_loss
         n = len(load_tokens(path))
         self.start, self.end = start, n if end is None else end
         if self.end - self.start < seq_len + 1:
@@ -232,15 +260,25 @@ class TokenWindows(Dataset):
             offset, needle_seed = key
         else:
             offset, needle_seed = (self.offsets[key] if self.offsets is not None else key), -1
-        if needle_seed >= 0:
+        if needle_seed < 0:
+            window = torch.from_numpy(self.tokens[offset : offset + self.seq_len + 1].astype(np.int64))
+            return window[:-1], window[1:]
+        if self.needle_style == "recall":
+            rng = np.random.default_rng(needle_seed)
+            n = int(rng.choice(list(self.needle_counts)))
+            recall = recall_window(self.tokens, self.seq_len + 1, rng, needles=n, queries=min(n, self.needle_queries))
+            window, answers = torch.from_numpy(recall.tokens), recall.answers
+        else:
             if self._tok is None:
                 self._tok = get_tokenizer(self.tokenizer_name)
-            window = needle_sample_from_seed(
-                self.tokens, self._tok, self.seq_len + 1, needle_seed, self.needle_counts
-            ).tokens
-        else:
-            window = torch.from_numpy(self.tokens[offset : offset + self.seq_len + 1].astype(np.int64))
-        return window[:-1], window[1:]
+            sample = needle_sample_from_seed(self.tokens, self._tok, self.seq_len + 1, needle_seed, self.needle_counts)
+            window, answers = sample.tokens, [sample.answer]
+        x, y = window[:-1], window[1:]
+        if self.answer_loss:  # only the answers are targets (the cross-entropy's ignore_index elsewhere)
+            y = torch.full_like(y, IGNORE_INDEX)
+            for s, e in answers:
+                y[s - 1 : e - 1] = window[s:e]
+        return x, y
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -312,6 +350,12 @@ class TextDataModule(pl.LightningDataModule):
             (0, 0.25, 0.5, 0.75, 1) are balanced.
         needle_eval_seed: seed of those contexts (the validation set's; the test set's is ``needle_eval_seed + 1``),
             independent of ``seed``, so that every run sees the same contexts.
+        needle_style: ``"sentence"`` (one needle sentence ``" The key of ABC is 123. "`` per count, one query)
+            or ``"recall"`` (compact needles ``" ABC=123. "``, and ``needle_queries`` of them asked at the end of
+            the window: several answers per window). Applies to the training and the ``needle_eval`` contexts;
+            a ``"recall"`` evaluation set of ``needle_eval`` windows scores every answer in them.
+        needle_queries: queries per ``"recall"`` window (at most its needle count).
+        answer_loss: train on the answers of the retrieval contexts only (plain-text windows keep every target).
     """
 
     def __init__(
@@ -331,9 +375,13 @@ class TextDataModule(pl.LightningDataModule):
         test_windows: int = 0,
         needle_eval: int = 0,
         needle_eval_seed: int = 0,
+        needle_style: str = "sentence",
+        needle_queries: int = 4,
+        answer_loss: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        check_needle_style(needle_style, needle_queries)
         if test_windows < 0:
             raise ValueError(f"data.test_windows={test_windows} must be 0 (no test split) or positive")
         if needle_eval < 0:
@@ -373,7 +421,8 @@ class TextDataModule(pl.LightningDataModule):
         offsets = held_out[: hp.val_windows]
         if not offsets:
             raise ValueError(f"the validation split ({n - split} tokens) cannot fill a window of {L + 1} tokens")
-        common = dict(seq_len=L, tokenizer=hp.tokenizer, needle_counts=hp.needle_counts)
+        common = dict(seq_len=L, tokenizer=hp.tokenizer, needle_counts=hp.needle_counts,
+                      needle_style=hp.needle_style, needle_queries=hp.needle_queries, answer_loss=hp.answer_loss)
         self.train_set = TokenWindows(self.token_path, start=0, end=split, **common)
         self.val_set = TokenWindows(self.token_path, start=split, end=n, offsets=offsets, **common)
         if hp.test_windows:
@@ -388,21 +437,37 @@ class TextDataModule(pl.LightningDataModule):
         if hp.needle_fraction > 0:  # fail now, not in the middle of an epoch
             most = max(hp.needle_counts)
             try:
-                make_needle_sample(self.train_set.tokens, self.tokenizer, L + 1, most, 0.5, np.random.default_rng(0))
+                if hp.needle_style == "recall":
+                    recall_window(self.train_set.tokens, L + 1, np.random.default_rng(0), needles=most,
+                                  queries=min(most, hp.needle_queries))
+                else:
+                    make_needle_sample(self.train_set.tokens, self.tokenizer, L + 1, most, 0.5,
+                                       np.random.default_rng(0))
             except ValueError as e:
                 raise ValueError(f"seq_len={L} is too short for needle_counts up to {most}: {e}") from None
         if hp.needle_eval:
             held = load_tokens(self.token_path)[split:n]
             half = len(held) // 2
-            kw = dict(tokenizer=self.tokenizer, length=L + 1, total=hp.needle_eval, needle_counts=hp.needle_counts,
-                      depths=DEPTHS)
             try:
-                self.needle_val = fixed_needle_set(held[:half], seed=hp.needle_eval_seed, **kw)
-                self.needle_test = fixed_needle_set(held[half:], seed=hp.needle_eval_seed + 1, **kw)
+                self.needle_val = self._eval_contexts(held[:half], hp.needle_eval_seed)
+                self.needle_test = self._eval_contexts(held[half:], hp.needle_eval_seed + 1)
             except ValueError as e:
                 raise ValueError(f"data.needle_eval={hp.needle_eval}: contexts of seq_len + 1 = {L + 1} tokens with "
                                  f"needle_counts up to {max(hp.needle_counts)} from each half of the held-out "
                                  f"{n - split} tokens: {e}") from None
+
+    def _eval_contexts(self, held: np.ndarray, seed: int) -> list[NeedleSample]:
+        """``needle_eval`` fixed contexts of ``seq_len + 1`` tokens cut from ``held``; a ``"recall"`` window gives
+        one sample per answer, a needle count from ``needle_counts`` in turn."""
+        hp = self.hparams
+        if hp.needle_style == "sentence":
+            return fixed_needle_set(held, self.tokenizer, hp.seq_len + 1, hp.needle_eval, hp.needle_counts, DEPTHS,
+                                    seed=seed)
+        rng = np.random.default_rng(seed)
+        counts = [hp.needle_counts[i % len(hp.needle_counts)] for i in range(hp.needle_eval)]
+        windows = [recall_window(held, hp.seq_len + 1, rng, needles=c, queries=min(c, hp.needle_queries))
+                   for c in counts]
+        return [sample for w in windows for sample in w.samples()]
 
     def needle_contexts(self, stage: str) -> list[NeedleSample]:
         """The fixed retrieval contexts of ``stage`` (``"val"`` or ``"test"``); empty with ``needle_eval=0``

@@ -69,8 +69,7 @@ def _plain_seed(s: int) -> list[str]:
 _LIMITS = ("--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
            "--trainer.log_every_n_steps", "1")
 _MAIN = MAIN_VARIANTS  # the variants of the headline table, on every family
-NEEDLE_EVAL = 480  # retrieval contexts in each of the needle family's validation and test sets (32 per count x depth)
-_LM_BUDGET = Budget(epochs=40, steps_per_epoch=100)  # 4,000 steps: the LM's and the needle row's (same recipe)
+NEEDLE_EVAL = 256  # retrieval windows (4 answers each) in each of the needle family's validation and test sets
 
 FAMILIES: dict[str, Family] = {
     "vit": Family(
@@ -96,19 +95,23 @@ FAMILIES: dict[str, Family] = {
         default_variants=_MAIN,
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=_LM_BUDGET),
-    # the LM's recipe with half of the training windows retrieval contexts, selected and reported on needle
-    # retrieval: fixed sets of NEEDLE_EVAL contexts cut from the held-out text (the same for every run), 129 bytes
-    # each (4 needles, query and answer take 118, so 11 distractor bytes remain with 4 needles, 83 with 1)
+        budget=Budget(epochs=40, steps_per_epoch=100)),
+    # needle retrieval as a task of its own: lm_tiny trained on 129-byte windows of training text each holding 4
+    # compact needles " ABC=123. " and ending with all 4 asked again ("\nABC=123"), on the answer digits only;
+    # selected and reported on the exact match of every answer of NEEDLE_EVAL fixed windows cut from the held-out
+    # text (the same for every run). Trained on plain text or with one answer per window, no model learnt to
+    # retrieve within 8,000 steps (docs/study.md); this one does after about 3,000.
     "needle": Family(
         "recipes.lm", attn_variants(_variant_names()), "val/needle_acc", "test/needle_acc",
-        f"needle retrieval exact match %, {NEEDLE_EVAL} contexts of 129 bytes with 1, 2 or 4 needles from held-out "
-        "pydoc text, lm_tiny trained with half of its windows retrieval contexts", "lm_pydoc.yaml", _plain_seed,
-        _LIMITS + ("--trainer.limit_test_batches", "2"), chance=1e-3, default_variants=_MAIN,
-        base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0.5",
-                   "--data.needle_counts", "[1, 2, 4]", "--data.needle_eval", str(NEEDLE_EVAL),
+        f"needle retrieval exact match %, {NEEDLE_EVAL} windows of 129 bytes from held-out pydoc text with 4 "
+        "compact needles and 4 queries each, lm_tiny trained on such windows (answer-only loss)",
+        "lm_pydoc.yaml", _plain_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), chance=1e-3,
+        default_variants=_MAIN,
+        base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "1",
+                   "--data.needle_style", "recall", "--data.needle_counts", "[4]", "--data.needle_queries", "4",
+                   "--data.answer_loss", "true", "--data.needle_eval", str(NEEDLE_EVAL),
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=_LM_BUDGET),
+        budget=Budget(epochs=80, steps_per_epoch=100)),
     "mqar": Family(
         "recipes.mqar", attn_variants(_variant_names()), "val/acc", "test/acc", "query accuracy %, MQAR",
         "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(), default_variants=_MAIN,

@@ -149,10 +149,12 @@ class LanguageModelTask(GuardedTraining, RestoresRNG, TrainsOnlyFirst, pl.Lightn
         if name == "needle_acc":
             contexts = getattr(datamodule, "needle_contexts", None)
             contexts = contexts(stage) if contexts is not None else []
-            where = (f" on {len(contexts):,} fixed contexts of {len(contexts[0].tokens)} tokens from held-out text"
+            windows = len({id(c.tokens) for c in contexts})  # the answers of one "recall" window share its tokens
+            asked = f"{len(contexts):,} answers in " if windows != len(contexts) else ""
+            where = (f" on {asked}{windows:,} fixed contexts of {len(contexts[0].tokens)} tokens from held-out text"
                      if contexts else "")
-            return (f"{'validation' if stage == 'val' else 'test'} needle retrieval: share of contexts whose "
-                    f"answer is produced exactly{where}")
+            what = "answers produced" if asked else "contexts whose answer is produced"
+            return f"{'validation' if stage == 'val' else 'test'} needle retrieval: share of {what} exactly{where}"
         what = "cross-entropy (nats per token)" if name == "loss" else "perplexity"
         windows = getattr(datamodule, "val_set", None)
         where = f" on {len(windows):,} held-out windows of {datamodule.hparams.seq_len} tokens" if windows else ""
