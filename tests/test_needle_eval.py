@@ -284,6 +284,7 @@ def test_study_has_a_needle_row_after_the_lm() -> None:
     assert needle.higher_is_better and needle.scale == 100.0 and needle.budget is not None
     assert needle.budget.epochs * needle.budget.steps_per_epoch == 8000  # twice the LM's: retrieval appears late
     args = dict(zip(needle.base_args[::2], needle.base_args[1::2]))
+    assert int(args["--data.train_windows"]) == needle.budget.steps_per_epoch * int(args["--data.batch_size"])
     assert (args["--data.needle_fraction"], args["--data.needle_style"], args["--data.answer_loss"]) == (
         "1", "recall", "true") and int(args["--data.needle_eval"]) > 0
     assert lm.base_args[lm.base_args.index("--data.needle_fraction") + 1] == "0" and "--data.needle_eval" not in lm.base_args

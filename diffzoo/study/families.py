@@ -99,8 +99,9 @@ FAMILIES: dict[str, Family] = {
     # needle retrieval as a task of its own: lm_tiny trained on 129-byte windows of training text each holding 4
     # compact needles " ABC=123. " and ending with all 4 asked again ("\nABC=123"), on the answer digits only;
     # selected and reported on the exact match of every answer of NEEDLE_EVAL fixed windows cut from the held-out
-    # text (the same for every run). Trained on plain text or with one answer per window, no model learnt to
-    # retrieve within 8,000 steps (docs/study.md); this one does after about 3,000.
+    # text (the same for every run), batches of 64 windows, 8,000 steps. Trained on plain text or with one answer per
+    # window no model learnt to retrieve within 8,000 steps; with these windows at batch 16 one seed of two did,
+    # at batch 64 both did within 4,000 steps, one still rising there (docs/study.md)
     "needle": Family(
         "recipes.lm", attn_variants(_variant_names()), "val/needle_acc", "test/needle_acc",
         f"needle retrieval exact match %, {NEEDLE_EVAL} windows of 129 bytes from held-out pydoc text with 4 "
@@ -110,6 +111,7 @@ FAMILIES: dict[str, Family] = {
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "1",
                    "--data.needle_style", "recall", "--data.needle_counts", "[4]", "--data.needle_queries", "4",
                    "--data.answer_loss", "true", "--data.needle_eval", str(NEEDLE_EVAL),
+                   "--data.batch_size", "64", "--data.train_windows", "6400",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
         budget=Budget(epochs=80, steps_per_epoch=100)),
     "mqar": Family(
