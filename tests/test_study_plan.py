@@ -323,12 +323,14 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 assert ci in page, (name, r["variant"], ci)
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
-    # the LM's budget check: the change of each variant's validation loss at twice the steps
-    checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "lm-2k-2x"])
-    assert len(checks) == 3
-    changes = {r["variant"]: f"{r['longer'] - r['budget']:+.3f}" for r in checks}
-    assert (f"{changes['softmax']} (softmax), {changes['diff']} (V1) and {changes['diff_v2_matched']} (V2)"
-            in page), changes
+    # the LM's budget checks: the change of each variant's validation loss at twice the steps
+    for check, worse in (("lm-2k-2x", None), ("lm-2x", True)):
+        checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == check])
+        assert len(checks) == 3
+        changes = {r["variant"]: f"{r['longer'] - r['budget']:+.3f}" for r in checks}
+        assert (f"{changes['softmax']} (softmax), {changes['diff']} (V1) and {changes['diff_v2_matched']} (V2)"
+                in page), (check, changes)
+        assert worse is None or all(r["longer"] > r["budget"] for r in checks)  # "made validation loss worse"
     # CLIP's budget check: the gain of each variant's validation mean recall at twice the epochs
     checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "clip-40ep-2x"])
     gains = {r["variant"]: f"{r['longer'] - r['budget']:+.2f}" for r in checks}
