@@ -67,22 +67,33 @@ def copy_accuracy(predict: Callable[[Tensor], Tensor], contexts: Tensor, prefix:
             100 * (pred[:, second] == target[:, second]).float().mean().item())
 
 
-def exact_matches(predict: Callable[[Tensor], Tensor], windows: Tensor, answers: Sequence[Sequence[tuple[int, int]]]) -> float:
-    """% of answers whose every byte the model predicts (greedy, teacher-forced)."""
-    pred = predict(windows[:, :-1])
-    hits = [bool((pred[i, s - 1 : e - 1] == windows[i, s:e]).all()) for i, spans in enumerate(answers) for s, e in spans]
-    return 100 * float(np.mean(hits))
+def exact_matches(logits_of: Callable[[Tensor], Tensor], windows: Tensor,
+                  answers: Sequence[Sequence[tuple[int, int]]]) -> float:
+    """% of answers whose every byte the model predicts (greedy, teacher-forced), scored by
+    :func:`diffzoo.evaluation.retrieval.answer_hits`. ``logits_of`` maps inputs ``(B, N)`` to logits ``(B, N, V)``;
+    ``answers[i]`` holds the ``(start, end)`` spans of window ``i``."""
+    from diffzoo.evaluation.retrieval import answer_hits
+
+    logits = logits_of(windows[:, :-1])
+    rows = [i for i, spans in enumerate(answers) for _ in spans]
+    spans = [span for spans in answers for span in spans]
+    return 100 * answer_hits(logits[rows], windows[rows], spans).float().mean().item()
 
 
-def _greedy(model: torch.nn.Module) -> Callable[[Tensor], Tensor]:
-    def predict(tokens: Tensor) -> Tensor:
+def _logits(model: torch.nn.Module) -> Callable[[Tensor], Tensor]:
+    def forward(tokens: Tensor) -> Tensor:
         was = model.training
         model.eval()
         with torch.no_grad():
-            out = model(tokens).argmax(-1)
+            out = model(tokens)
         model.train(was)
         return out
-    return predict
+    return forward
+
+
+def _greedy(model: torch.nn.Module) -> Callable[[Tensor], Tensor]:
+    logits_of = _logits(model)
+    return lambda tokens: logits_of(tokens).argmax(-1)
 
 
 def run_copy(paths: Sequence[str], count: int, seed: int) -> None:
@@ -143,7 +154,7 @@ def run_train(args: argparse.Namespace) -> None:
         opt.step()
         sched.step()
         if step % args.every == 0 or step == args.steps:
-            acc = exact_matches(_greedy(model), eval_tokens, [w.answers for w in held_windows])
+            acc = exact_matches(_logits(model), eval_tokens, [w.answers for w in held_windows])
             print(f"step {step}: loss {loss.item():.3f}, held-out retrieval {acc:.1f} % exact match "
                   f"(chance {100 * 10.0 ** -args.digits:g} %), {time.time() - start:.0f} s", flush=True)
 

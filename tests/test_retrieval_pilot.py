@@ -27,12 +27,13 @@ def test_exact_matches_counts_whole_answers_only():
     window = torch.arange(20).unsqueeze(0)
     answers = [[(5, 8), (10, 12)]]
 
-    def almost(tokens):  # right everywhere except the last byte of the second answer
-        out = torch.arange(1, tokens.shape[1] + 1).unsqueeze(0)
-        out[0, 10] = -1
-        return out
+    def almost(tokens):  # logits right everywhere except at the last byte of the second answer
+        pred = torch.arange(1, tokens.shape[1] + 1).unsqueeze(0)
+        pred[0, 10] = 0
+        return torch.nn.functional.one_hot(pred, 32).float()
 
     assert rp.exact_matches(almost, window, answers) == 50.0
+    assert rp.exact_matches(lambda t: almost(t) * float("nan"), window, answers) == 0.0  # non-finite never scores
 
 
 def test_training_loop_prints_its_scores(capsys):
