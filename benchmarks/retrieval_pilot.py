@@ -13,7 +13,7 @@ predicts the second occurrence far better than the first (in-context copying, th
 
 ``train`` trains one model with the study's recipe (AdamW, its weight decay, betas, clipping, warm-up and
 cosine, ``diffzoo.study.recipe.RECIPE``) on 129-byte windows of training text holding ``--needles`` compact
-needles ``" ABC=123. "`` and ending with ``--queries`` of them asked again (``diffzoo.data.needles.recall_window``),
+needles ``" ABC=123. "`` and ending with ``--queries`` questions about them (``diffzoo.data.needles.recall_window``),
 and prints the exact-match retrieval of 256 held-out windows every 500 steps. ``--answer-loss`` trains on the
 answer bytes only (MQAR's objective); otherwise on every byte (an LM's). One thread, the study's batch of 16.
 

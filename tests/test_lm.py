@@ -260,6 +260,12 @@ def test_recall_window_asks_for_values_planted_earlier() -> None:
                 assert needle == b" " + raw[smp.query[0] + 1 : smp.query[1]] + raw[s:e] + b". "
                 assert smp.num_needles == 4 and len(smp.needles) == 4 and len(set(smp.needles)) == 4
                 assert int(smp.noise_mask().sum()) == smp.query[0] - sum(b - a for a, b in smp.needles)
+    # every question asks a needle drawn from all of them: the last is often one asked before, so it cannot be
+    # answered by elimination (asked without repeats it never would be), and each needle is asked last
+    last = [recall_window(filler, 129, rng, needles=4, queries=4) for _ in range(400)]
+    repeated = np.mean([w.asked[-1] in w.asked[:-1] for w in last])
+    assert 0.45 < repeated < 0.72  # 1 - (3/4)^3 = 0.58 expected
+    assert np.bincount([w.asked[-1] for w in last], minlength=4).min() > 60
     with pytest.raises(ValueError, match="more than 40"):
         recall_window(filler, 40, rng, needles=4, queries=4)
     with pytest.raises(ValueError, match="queries=5"):

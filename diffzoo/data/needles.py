@@ -163,9 +163,14 @@ def recall_window(
     digits: int = 3,
 ) -> RecallWindow:
     """A byte window of ``length`` tokens: distractor text with ``needles`` compact needles ``" ABC=123. "`` at
-    random places, ending with ``queries`` of them asked again in random order (``"\\nABC=123"``), so one
-    window holds ``queries`` answers instead of the single one of :func:`make_needle_sample`. Byte tokens only
-    (the needles are written as UTF-8 bytes).
+    random places, ending with ``queries`` questions (``"\\nABC=123"``), so one window holds ``queries`` answers
+    instead of the single one of :func:`make_needle_sample`. Byte tokens only (the needles are written as UTF-8
+    bytes).
+
+    Each question asks a needle drawn uniformly from all of them, independently of the others (a needle may be
+    asked twice). Were the needles asked without repeats, the last question's needle would be the one not yet
+    asked: a model could answer it by elimination, without matching its key. Here a model that copies the value
+    of a random needle instead of the one whose key is asked scores ``1 / needles`` on every question.
 
     Raises ValueError when the needles and queries do not fit ``length`` or the distractor text is too short.
     """
@@ -174,7 +179,7 @@ def recall_window(
     names = _random_names(rng, needles, letters)
     values = ["".join(rng.choice(list(string.digits), digits)) for _ in names]
     planted = [f" {n}={v}. ".encode() for n, v in zip(names, values)]
-    asked = [int(i) for i in rng.permutation(needles)[:queries]]
+    asked = [int(i) for i in rng.integers(0, needles, queries)]  # with repeats: nothing to eliminate
     tail = b"".join(f"\n{names[i]}={values[i]}".encode() for i in asked)
     filler = length - len(tail) - sum(len(p) for p in planted)
     if filler < 0:

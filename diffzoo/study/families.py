@@ -97,11 +97,13 @@ FAMILIES: dict[str, Family] = {
                    "--data.test_windows", "128", "--data.val_windows", "128"),
         budget=Budget(epochs=40, steps_per_epoch=100)),
     # needle retrieval as a task of its own: lm_tiny trained on 129-byte windows of training text each holding 4
-    # compact needles " ABC=123. " and ending with all 4 asked again ("\nABC=123"), on the answer digits only;
+    # compact needles " ABC=123. " and ending with 4 questions ("\nABC=123"), each asking a needle drawn from all 4
+    # (repeats allowed, so no answer follows by elimination), on the answer digits only;
     # selected and reported on the exact match of every answer of NEEDLE_EVAL fixed windows cut from the held-out
     # text (the same for every run), batches of 64 windows, 8,000 steps. Trained on plain text or with one answer per
     # window no model learnt to retrieve within 8,000 steps; with these windows at batch 16 one seed of two did,
-    # at batch 64 both did within 4,000 steps, one still rising there (docs/study.md)
+    # at batch 64 both did within 4,000 steps, one still rising there; those pilots asked every needle once, which
+    # a model answered by elimination without matching keys (docs/study.md)
     "needle": Family(
         "recipes.lm", attn_variants(_variant_names()), "val/needle_acc", "test/needle_acc",
         f"needle retrieval exact match %, {NEEDLE_EVAL} windows of 129 bytes from held-out pydoc text with 4 "
