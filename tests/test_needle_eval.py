@@ -116,6 +116,16 @@ def test_recall_contexts_score_every_answer_and_train_on_the_answers_only(tmp_pa
         _data(tmp_path, needle_style="recall", needle_queries=0)
 
 
+def test_recall_keys_have_the_letters_asked_for(tmp_path: Path) -> None:
+    dm = _data(tmp_path, needle_style="recall", needle_counts=[4], needle_queries=4, needle_eval=4,
+               needle_fraction=1.0, needle_key_letters=1)
+    for tokens in [dm.train_set[(0, seed)][0] for seed in range(5)] + [s.tokens for s in dm.needle_contexts("val")]:
+        text = bytes(tokens.tolist()).decode("latin-1")
+        assert len(re.findall(r" [A-Z]=\d{3}\. ", text)) == 4 and not re.search(r" [A-Z]{2,}=\d", text)
+    with pytest.raises(ValueError, match="needle_key_letters=0"):
+        _data(tmp_path, needle_style="recall", needle_key_letters=0)
+
+
 class _RecallLookup(torch.nn.Module):
     """An oracle for "recall" windows: at every ``"\\nABC="`` it predicts the value planted as ``" ABC=123. "``."""
 

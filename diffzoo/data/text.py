@@ -193,12 +193,15 @@ IGNORE_INDEX = -100  # a target the cross-entropy skips (torch's default ignore_
 NEEDLE_STYLES = ("sentence", "recall")
 
 
-def check_needle_style(style: str, queries: int) -> None:
-    """Raise ValueError naming the problem for an unknown ``needle_style`` or ``needle_queries < 1``."""
+def check_needle_style(style: str, queries: int, key_letters: int = 3) -> None:
+    """Raise ValueError naming the problem for an unknown ``needle_style``, ``needle_queries < 1`` or
+    ``needle_key_letters`` outside 1-8."""
     if style not in NEEDLE_STYLES:
         raise ValueError(f"data.needle_style={style!r}: choose one of {', '.join(NEEDLE_STYLES)}")
     if queries < 1:
         raise ValueError(f"data.needle_queries={queries} must be a positive integer")
+    if not 1 <= key_letters <= 8:
+        raise ValueError(f"data.needle_key_letters={key_letters} must be between 1 and 8")
 
 
 class TokenWindows(Dataset):
@@ -209,7 +212,7 @@ class TokenWindows(Dataset):
     context drawn from that seed instead of plain text: a needle sentence and its query
     (``needle_style="sentence"``, :func:`~diffzoo.data.needles.make_needle_sample`) or compact needles with up to
     ``needle_queries`` of them asked (``"recall"``, :func:`~diffzoo.data.needles.recall_window`), the needle
-    count drawn from ``needle_counts``. With ``answer_loss`` a retrieval context's targets are its answers only
+    count drawn from ``needle_counts``, the recall keys ``needle_key_letters`` capitals long. With ``answer_loss`` a retrieval context's targets are its answers only
     (``IGNORE_INDEX`` elsewhere); plain text keeps every target. The memory map is opened lazily in each worker.
     """
 
@@ -225,10 +228,12 @@ class TokenWindows(Dataset):
         needle_style: str = "sentence",
         needle_queries: int = 4,
         answer_loss: bool = False,
+        needle_key_letters: int = 3,
     ) -> None:
-        check_needle_style(needle_style, needle_queries)
+        check_needle_style(needle_style, needle_queries, needle_key_letters)
         self.path, self.seq_len, self.tokenizer_name = str(path), seq_len, tokenizer
         self.needle_style, self.needle_queries, self.answer_loss = needle_style, needle_queries, answer_loss
+        self.needle_key_letters = needle_key_letters
         n = len(load_tokens(path))
         self.start, self.end = start, n if end is None else end
         if self.end - self.start < seq_len + 1:
@@ -266,7 +271,8 @@ class TokenWindows(Dataset):
         if self.needle_style == "recall":
             rng = np.random.default_rng(needle_seed)
             n = int(rng.choice(list(self.needle_counts)))
-            recall = recall_window(self.tokens, self.seq_len + 1, rng, needles=n, queries=min(n, self.needle_queries))
+            recall = recall_window(self.tokens, self.seq_len + 1, rng, needles=n, queries=min(n, self.needle_queries),
+                                   letters=self.needle_key_letters)
             window, answers = torch.from_numpy(recall.tokens), recall.answers
         else:
             if self._tok is None:
@@ -355,6 +361,8 @@ class TextDataModule(pl.LightningDataModule):
             the window: several answers per window). Applies to the training and the ``needle_eval`` contexts;
             a ``"recall"`` evaluation set of ``needle_eval`` windows scores every answer in them.
         needle_queries: queries per ``"recall"`` window (at most its needle count).
+        needle_key_letters: capitals in a ``"recall"`` needle's key (``" ABC=123. "`` has 3). One letter makes
+            the task associative recall of single tokens in text; longer keys must be matched byte by byte.
         answer_loss: train on the answers of the retrieval contexts only (plain-text windows keep every target).
     """
 
@@ -378,10 +386,11 @@ class TextDataModule(pl.LightningDataModule):
         needle_style: str = "sentence",
         needle_queries: int = 4,
         answer_loss: bool = False,
+        needle_key_letters: int = 3,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        check_needle_style(needle_style, needle_queries)
+        check_needle_style(needle_style, needle_queries, needle_key_letters)
         if test_windows < 0:
             raise ValueError(f"data.test_windows={test_windows} must be 0 (no test split) or positive")
         if needle_eval < 0:
@@ -422,7 +431,8 @@ class TextDataModule(pl.LightningDataModule):
         if not offsets:
             raise ValueError(f"the validation split ({n - split} tokens) cannot fill a window of {L + 1} tokens")
         common = dict(seq_len=L, tokenizer=hp.tokenizer, needle_counts=hp.needle_counts,
-                      needle_style=hp.needle_style, needle_queries=hp.needle_queries, answer_loss=hp.answer_loss)
+                      needle_style=hp.needle_style, needle_queries=hp.needle_queries, answer_loss=hp.answer_loss,
+                      needle_key_letters=hp.needle_key_letters)
         self.train_set = TokenWindows(self.token_path, start=0, end=split, **common)
         self.val_set = TokenWindows(self.token_path, start=split, end=n, offsets=offsets, **common)
         if hp.test_windows:
@@ -439,7 +449,7 @@ class TextDataModule(pl.LightningDataModule):
             try:
                 if hp.needle_style == "recall":
                     recall_window(self.train_set.tokens, L + 1, np.random.default_rng(0), needles=most,
-                                  queries=min(most, hp.needle_queries))
+                                  queries=min(most, hp.needle_queries), letters=hp.needle_key_letters)
                 else:
                     make_needle_sample(self.train_set.tokens, self.tokenizer, L + 1, most, 0.5,
                                        np.random.default_rng(0))
@@ -465,8 +475,8 @@ class TextDataModule(pl.LightningDataModule):
                                     seed=seed)
         rng = np.random.default_rng(seed)
         counts = [hp.needle_counts[i % len(hp.needle_counts)] for i in range(hp.needle_eval)]
-        windows = [recall_window(held, hp.seq_len + 1, rng, needles=c, queries=min(c, hp.needle_queries))
-                   for c in counts]
+        windows = [recall_window(held, hp.seq_len + 1, rng, needles=c, queries=min(c, hp.needle_queries),
+                                 letters=hp.needle_key_letters) for c in counts]
         return [sample for w in windows for sample in w.samples()]
 
     def needle_contexts(self, stage: str) -> list[NeedleSample]:
