@@ -76,8 +76,8 @@ def test_contexts_are_held_out_disjoint_balanced_and_the_same_for_every_run(tmp_
 
 
 def test_family_windows_hold_four_needles_and_four_queries() -> None:
-    """The study's 128-token windows (contexts of 129) hold 4 compact needles and 4 queries with 57 bytes of
-    distractor text left over."""
+    """The study's 128-token windows (contexts of 129) hold 4 compact needles " A=123. " and 4 queries "\\nA=123"
+    (one-letter keys) with 73 bytes of distractor text left over."""
     from diffzoo.data.needles import recall_window
     from diffzoo.study.families import FAMILIES
 
@@ -85,10 +85,13 @@ def test_family_windows_hold_four_needles_and_four_queries() -> None:
     seq_len = int(args[args.index("--data.seq_len") + 1])
     assert seq_len == 128 and args[args.index("--data.needle_counts") + 1] == "[4]"
     assert args[args.index("--data.needle_queries") + 1] == "4"
-    w = recall_window(np.zeros(1000, np.uint8), seq_len + 1, np.random.default_rng(0), needles=4, queries=4)
-    assert int(w.samples()[0].noise_mask().sum()) == 57
-    with pytest.raises(ValueError, match="more than 71"):
-        recall_window(np.zeros(1000, np.uint8), 71, np.random.default_rng(0), needles=4, queries=4)
+    letters = int(args[args.index("--data.needle_key_letters") + 1])
+    assert letters == 1
+    w = recall_window(np.zeros(1000, np.uint8), seq_len + 1, np.random.default_rng(0), needles=4, queries=4,
+                      letters=letters)
+    assert int(w.samples()[0].noise_mask().sum()) == 129 - 4 * 8 - 4 * 6 == 73
+    with pytest.raises(ValueError, match="more than 55"):
+        recall_window(np.zeros(1000, np.uint8), 55, np.random.default_rng(0), needles=4, queries=4, letters=letters)
 
 
 def test_recall_contexts_score_every_answer_and_train_on_the_answers_only(tmp_path: Path) -> None:
@@ -292,7 +295,7 @@ def test_study_has_a_needle_row_after_the_lm() -> None:
     lm, needle = FAMILIES["lm"], FAMILIES["needle"]
     assert (needle.recipe, needle.val_metric, needle.test_metric) == (lm.recipe, "val/needle_acc", "test/needle_acc")
     assert needle.higher_is_better and needle.scale == 100.0 and needle.budget is not None
-    assert needle.budget.epochs * needle.budget.steps_per_epoch == 8000  # twice the LM's: retrieval appears late
+    assert needle.budget.epochs * needle.budget.steps_per_epoch == 4000  # twice the step at which V2 went flat in pilots
     args = dict(zip(needle.base_args[::2], needle.base_args[1::2]))
     assert int(args["--data.train_windows"]) == needle.budget.steps_per_epoch * int(args["--data.batch_size"])
     assert (args["--data.needle_fraction"], args["--data.needle_style"], args["--data.answer_loss"]) == (

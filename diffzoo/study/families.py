@@ -97,25 +97,25 @@ FAMILIES: dict[str, Family] = {
                    "--data.test_windows", "128", "--data.val_windows", "128"),
         budget=Budget(epochs=40, steps_per_epoch=100)),
     # needle retrieval as a task of its own: lm_tiny trained on 129-byte windows of training text each holding 4
-    # compact needles " ABC=123. " and ending with 4 questions ("\nABC=123"), each asking a needle drawn from all 4
-    # (repeats allowed, so no answer follows by elimination), on the answer digits only;
-    # selected and reported on the exact match of every answer of NEEDLE_EVAL fixed windows cut from the held-out
-    # text (the same for every run), batches of 64 windows, 8,000 steps. Trained on plain text or with one answer per
-    # window no model learnt to retrieve within 8,000 steps; with these windows at batch 16 one seed of two did,
-    # at batch 64 both did within 4,000 steps, one still rising there; those pilots asked every needle once, which
-    # a model answered by elimination without matching keys (docs/study.md)
+    # compact needles " A=123. " (one-letter keys) and ending with 4 questions ("\nA=123"), each asking a needle
+    # drawn from all 4 (repeats allowed, so no answer follows by elimination), on the answer digits only; selected
+    # and reported on the exact match of every answer of NEEDLE_EVAL fixed windows cut from the held-out text (the
+    # same for every run), batches of 64 windows, 4,000 steps. Copying a random needle's value scores 25 %. In
+    # pilots (docs/study.md, one seed each) V2 matched passed that by step 1,000 and was flat at about 85 % from
+    # step 2,000; softmax and V1 stayed at 25 % (softmax to step 8,000); with three-letter keys softmax stayed
+    # near 3 % and V2 at 25 %; asked every needle once, a model answered by elimination without matching keys
     "needle": Family(
         "recipes.lm", attn_variants(_variant_names()), "val/needle_acc", "test/needle_acc",
         f"needle retrieval exact match %, {NEEDLE_EVAL} windows of 129 bytes from held-out pydoc text with 4 "
-        "compact needles and 4 queries each, lm_tiny trained on such windows (answer-only loss)",
+        "compact needles (one-letter keys) and 4 queries each, lm_tiny trained on such windows (answer-only loss)",
         "lm_pydoc.yaml", _plain_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), chance=1e-3,
         default_variants=_MAIN,
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "1",
                    "--data.needle_style", "recall", "--data.needle_counts", "[4]", "--data.needle_queries", "4",
-                   "--data.answer_loss", "true", "--data.needle_eval", str(NEEDLE_EVAL),
-                   "--data.batch_size", "64", "--data.train_windows", "6400",
+                   "--data.needle_key_letters", "1", "--data.answer_loss", "true",
+                   "--data.needle_eval", str(NEEDLE_EVAL), "--data.batch_size", "64", "--data.train_windows", "6400",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=Budget(epochs=80, steps_per_epoch=100)),
+        budget=Budget(epochs=40, steps_per_epoch=100)),
     "mqar": Family(
         "recipes.mqar", attn_variants(_variant_names()), "val/acc", "test/acc", "query accuracy %, MQAR",
         "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(), default_variants=_MAIN,
