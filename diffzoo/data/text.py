@@ -211,9 +211,10 @@ class TokenWindows(Dataset):
     ``(offset, needle_seed)`` from :class:`RandomWindowSampler`; ``needle_seed >= 0`` returns a retrieval
     context drawn from that seed instead of plain text: a needle sentence and its query
     (``needle_style="sentence"``, :func:`~diffzoo.data.needles.make_needle_sample`) or compact needles with up to
-    ``needle_queries`` of them asked (``"recall"``, :func:`~diffzoo.data.needles.recall_window`), the needle
-    count drawn from ``needle_counts``, the recall keys ``needle_key_letters`` capitals long. With ``answer_loss`` a retrieval context's targets are its answers only
-    (``IGNORE_INDEX`` elsewhere); plain text keeps every target. The memory map is opened lazily in each worker.
+    ``needle_queries`` of them asked (``"recall"``, :func:`~diffzoo.data.needles.recall_window`, keys of
+    ``needle_key_letters`` capitals), the needle count drawn from ``needle_counts``. With ``answer_loss`` a
+    retrieval context's targets are its answers only (``IGNORE_INDEX`` elsewhere); plain text keeps every target.
+    The memory map is opened lazily in each worker.
     """
 
     def __init__(
