@@ -29,6 +29,7 @@ from .modules import _rank_world, check_train_loader, epoch_sampler
 from .needles import (
     DEPTHS,
     NeedleSample,
+    RecallWindow,
     fixed_needle_set,
     make_needle_sample,
     needle_sample_from_seed,
@@ -272,8 +273,7 @@ class TokenWindows(Dataset):
         if self.needle_style == "recall":
             rng = np.random.default_rng(needle_seed)
             n = int(rng.choice(list(self.needle_counts)))
-            recall = recall_window(self.tokens, self.seq_len + 1, rng, needles=n, queries=min(n, self.needle_queries),
-                                   letters=self.needle_key_letters)
+            recall = self.recall(self.tokens, rng, n)
             window, answers = torch.from_numpy(recall.tokens), recall.answers
         else:
             if self._tok is None:
@@ -286,6 +286,12 @@ class TokenWindows(Dataset):
             for s, e in answers:
                 y[s - 1 : e - 1] = window[s:e]
         return x, y
+
+    def recall(self, tokens: np.ndarray, rng: np.random.Generator, needles: int) -> RecallWindow:
+        """A ``"recall"`` window of ``seq_len + 1`` tokens with ``needles`` needles cut from ``tokens``, asked
+        ``min(needles, needle_queries)`` questions, keys of ``needle_key_letters`` capitals."""
+        return recall_window(tokens, self.seq_len + 1, rng, needles=needles, queries=min(needles, self.needle_queries),
+                             letters=self.needle_key_letters)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -449,8 +455,7 @@ class TextDataModule(pl.LightningDataModule):
             most = max(hp.needle_counts)
             try:
                 if hp.needle_style == "recall":
-                    recall_window(self.train_set.tokens, L + 1, np.random.default_rng(0), needles=most,
-                                  queries=min(most, hp.needle_queries), letters=hp.needle_key_letters)
+                    self.train_set.recall(self.train_set.tokens, np.random.default_rng(0), most)
                 else:
                     make_needle_sample(self.train_set.tokens, self.tokenizer, L + 1, most, 0.5,
                                        np.random.default_rng(0))
@@ -460,25 +465,25 @@ class TextDataModule(pl.LightningDataModule):
             held = load_tokens(self.token_path)[split:n]
             half = len(held) // 2
             try:
-                self.needle_val = self._eval_contexts(held[:half], hp.needle_eval_seed)
-                self.needle_test = self._eval_contexts(held[half:], hp.needle_eval_seed + 1)
+                self.needle_val = self._eval_contexts(self.train_set, held[:half], hp.needle_eval_seed)
+                self.needle_test = self._eval_contexts(self.train_set, held[half:], hp.needle_eval_seed + 1)
             except ValueError as e:
                 raise ValueError(f"data.needle_eval={hp.needle_eval}: contexts of seq_len + 1 = {L + 1} tokens with "
                                  f"needle_counts up to {max(hp.needle_counts)} from each half of the held-out "
                                  f"{n - split} tokens: {e}") from None
 
-    def _eval_contexts(self, held: np.ndarray, seed: int) -> list[NeedleSample]:
-        """``needle_eval`` fixed contexts of ``seq_len + 1`` tokens cut from ``held``; a ``"recall"`` window gives
-        one sample per answer, a needle count from ``needle_counts`` in turn."""
+    def _eval_contexts(self, windows: TokenWindows, held: np.ndarray, seed: int) -> list[NeedleSample]:
+        """``needle_eval`` fixed contexts of ``seq_len + 1`` tokens cut from ``held`` (recall windows built with the
+        settings of ``windows``); a ``"recall"`` window gives one sample per answer, a needle count from
+        ``needle_counts`` in turn."""
         hp = self.hparams
         if hp.needle_style == "sentence":
             return fixed_needle_set(held, self.tokenizer, hp.seq_len + 1, hp.needle_eval, hp.needle_counts, DEPTHS,
                                     seed=seed)
         rng = np.random.default_rng(seed)
         counts = [hp.needle_counts[i % len(hp.needle_counts)] for i in range(hp.needle_eval)]
-        windows = [recall_window(held, hp.seq_len + 1, rng, needles=c, queries=min(c, hp.needle_queries),
-                                 letters=hp.needle_key_letters) for c in counts]
-        return [sample for w in windows for sample in w.samples()]
+        recalls = [windows.recall(held, rng, c) for c in counts]
+        return [sample for w in recalls for sample in w.samples()]
 
     def needle_contexts(self, stage: str) -> list[NeedleSample]:
         """The fixed retrieval contexts of ``stage`` (``"val"`` or ``"test"``); empty with ``needle_eval=0``
