@@ -1,0 +1,240 @@
+"""Time every candidate launch configuration of the fused Triton kernels on this GPU, one kernel at a time.
+
+    python -m benchmarks.kernel_sweep                       # N = 4096, d = 64 and 128, not causal
+    python -m benchmarks.kernel_sweep --causal both --json sweep.json
+
+The shipped tables (``diffzoo.kernels.triton_diff.CONFIGS``) are the lists the autotuner times on a device;
+this sweep is how an entry earns its place there. For each kernel and head width it builds a grid of
+``(BLOCK_M, BLOCK_N, warps, stages)`` around the shipped entries, then
+
+1. **checks** every candidate in worker processes (which also compiles it, in parallel, into Triton's
+   cache): a forward and backward with that configuration forced and the other two kernels on their
+   pinned entries, against the same call with every kernel pinned (bf16; largest error relative to the
+   largest magnitude, over the output and dq, dk, dv; a candidate fails above 2e-2). Candidates that do
+   not fit the device (shared memory) are listed as such;
+2. **times** the candidates that pass, in this process, by CUDA events (median): ``fwd`` by its forward;
+   ``bwd_kv`` by forward + backward (the default, non-deterministic backward: dQ by atomics);
+   ``bwd_q`` by forward + backward with deterministic algorithms (the only path that launches it);
+3. prints each list fastest first, and the forward + backward of the fastest of each kernel together
+   beside the pinned entries and the ``sdpa`` backend, on the same inputs.
+
+Shapes as ``python -m benchmarks.kernels``: bf16, model width ``D = 2H * d`` (default 2048), ``B * N =
+16K`` tokens. Without CUDA it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from multiprocessing import get_context
+
+import torch
+
+from benchmarks.kernels import _make_case, _time_ms
+
+MAX_ERR = 2e-2
+KINDS = ("fwd", "bwd_kv", "bwd_q")
+
+
+def grid(kind: str, d: int, shipped: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """Candidate ``(BLOCK_M, BLOCK_N, warps, stages)`` of one kernel and width, the shipped entries included.
+
+    ``BLOCK_M`` counts query rows and ``BLOCK_N`` key rows in every kernel. Eight warps only where a tile has
+    128 rows or the width is 128 (four warps there leave one warp group the whole accumulator); ``dK/dV``
+    tiles of 16-64 query rows against 64 or 128 keys; 2 or 3 stages.
+    """
+    out = set(shipped)
+    if kind == "bwd_kv":
+        ms, ns = (16, 32, 64), (64, 128)
+    else:
+        ms, ns = (64, 128), (32, 64, 128)
+    for bm in ms:
+        for bn in ns:
+            for warps in (4, 8):
+                for stages in (2, 3):
+                    rows = bn if kind == "bwd_kv" else bm
+                    if warps == 4 and rows == 128:
+                        continue  # one warp group would hold a 128-row accumulator
+                    out.add((bm, bn, warps, stages))
+    return sorted(out)
+
+
+def candidates(ds: list[int], causals: list[bool], kinds=KINDS, family: str | None = None) -> list[tuple]:
+    """``(kind, d, causal, config)`` of the sweep; ``family`` defaults to this device's."""
+    from diffzoo.kernels import triton_diff as td
+
+    family = family or td.target_family(torch.cuda.get_device_capability())
+    return [(kind, d, causal, c) for kind in kinds for d in ds for causal in causals
+            for c in grid(kind, d, td.CONFIGS[kind][family][td.width_bucket(d)])]
+
+
+@contextlib.contextmanager
+def _forced(kind: str | None, config, d: int, family: str):
+    """``config`` for ``kind`` and the pinned entry for every other kernel."""
+    from diffzoo.kernels import triton_diff as td
+
+    with contextlib.ExitStack() as stack:
+        for k in td.KERNELS:
+            pinned = td.CONFIGS[k][family][td.width_bucket(d)][0]
+            stack.enter_context(td.forced_config(k, config if k == kind else pinned))
+        yield
+
+
+def _outputs(case, deterministic: bool):
+    q, k, v, lam, dout, causal = case
+    from diffzoo.kernels import triton_diff as td
+
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    try:
+        out = td.diff_attention_triton(q, k, v, lam, causal=causal)
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
+    finally:
+        torch.use_deterministic_algorithms(old, warn_only=True)
+
+
+def _inputs(n: int, width: int, tokens: int, d: int, causal: bool):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    heads, B = width // d, max(1, tokens // n)
+    q, k = (torch.randn(B, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(B, heads // 2, n, 2 * d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    lam = torch.tensor(0.5, device="cuda", requires_grad=True)
+    dout = torch.randn(B, heads // 2, n, 2 * d, device="cuda", dtype=torch.bfloat16, generator=g)
+    return q, k, v, lam, dout, causal
+
+
+def check(todo: list[tuple], n: int, width: int, tokens: int) -> list[dict]:
+    """Run (and so compile) each candidate against the all-pinned call; one dict per candidate."""
+    from diffzoo.kernels import triton_diff as td
+
+    family = td.target_family(torch.cuda.get_device_capability())
+    refs: dict = {}
+    rows = []
+    for kind, d, causal, config in todo:
+        row = dict(kind=kind, d=d, causal=causal, config=list(config))
+        deterministic = kind == "bwd_q"
+        try:
+            key = (d, causal, deterministic)
+            if key not in refs:
+                case = _inputs(n, width, tokens, d, causal)
+                with _forced(None, None, d, family):
+                    refs[key] = (case, _outputs(case, deterministic))
+            case, want = refs[key]
+            with _forced(kind, config, d, family):
+                got = _outputs(case, deterministic)
+            row["err"] = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
+                             for a, b in zip(got, want))
+            row["ok"] = row["err"] <= MAX_ERR
+        except Exception as e:  # shared memory beyond the device's, a compile failure
+            row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e).splitlines()[0][:110] if str(e) else ''}"
+            torch.cuda.empty_cache()
+        rows.append(row)
+    return rows
+
+
+def time_rows(rows: list[dict], n: int, width: int, tokens: int, warmup: int, reps: int) -> dict:
+    """Time the candidates that passed (in place) and return the per-width summary."""
+    from diffzoo.kernels import triton_diff as td
+
+    family = td.target_family(torch.cuda.get_device_capability())
+    summary = {}
+    for d in sorted({r["d"] for r in rows}):
+        for causal in sorted({r["causal"] for r in rows if r["d"] == d}):
+            forward, forward_backward, _ = _make_case("triton", max(1, tokens // n), n, width, d, causal, "cuda")
+            for r in rows:
+                if r["d"] != d or r["causal"] != causal or not r["ok"]:
+                    continue
+                with _forced(r["kind"], tuple(r["config"]), d, family):
+                    if r["kind"] == "fwd":
+                        r["ms"] = _time_ms(forward, warmup, reps, "cuda")
+                    elif r["kind"] == "bwd_kv":
+                        r["ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
+                    else:
+                        torch.use_deterministic_algorithms(True, warn_only=True)
+                        try:
+                            r["ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
+                        finally:
+                            torch.use_deterministic_algorithms(False)
+            best = {}
+            for kind in KINDS:
+                timed = [r for r in rows if r["d"] == d and r["causal"] == causal and r["kind"] == kind and "ms" in r]
+                if timed:
+                    best[kind] = tuple(min(timed, key=lambda r: r["ms"])["config"])
+            entry: dict = dict(d=d, causal=causal, best=best)
+            with contextlib.ExitStack() as stack:
+                for kind, c in best.items():
+                    stack.enter_context(td.forced_config(kind, c))
+                entry["best_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
+            with _forced(None, None, d, family):
+                entry["pinned_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
+            _, sdpa_fb, _ = _make_case("sdpa", max(1, tokens // n), n, width, d, causal, "cuda")
+            entry["sdpa_fwd_bwd_ms"] = _time_ms(sdpa_fb, warmup, reps, "cuda")
+            summary[f"d{d}-{'causal' if causal else 'full'}"] = entry
+    return summary
+
+
+def format_rows(rows: list[dict], shipped_of) -> str:
+    lines = [f"{'kernel':7s} {'d':>3s} {'causal':6s} {'BLOCK_M x BLOCK_N, warps, stages':34s} {'ms':>8s}  note"]
+    key = lambda r: (r["kind"], r["d"], r["causal"], r.get("ms", float("inf")))  # noqa: E731
+    for r in sorted(rows, key=key):
+        bm, bn, w, st = r["config"]
+        shipped = shipped_of(r["kind"], r["d"])
+        mark = "pinned" if tuple(r["config"]) == shipped[0] else "shipped" if tuple(r["config"]) in shipped else ""
+        ms = f"{r['ms']:8.3f}" if "ms" in r else f"{'-':>8s}"
+        note = r.get("error") or (f"err {r['err']:.1e}" + ("" if r["ok"] else " FAILS the check"))
+        lines.append(f"{r['kind']:7s} {r['d']:3d} {str(r['causal']):6s} {f'{bm} x {bn}, {w}, {st}':34s} {ms}  "
+                     f"{mark:8s}{note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=4096, help="sequence length")
+    p.add_argument("--d", type=int, nargs="+", default=[64, 128], help="query/key head widths")
+    p.add_argument("--causal", choices=["yes", "no", "both"], default="no")
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    p.add_argument("--width", type=int, default=2048, help="model width D = 2H * d")
+    p.add_argument("--tokens", type=int, default=16384, help="B * N per step")
+    p.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 1),
+                   help="processes that check (and compile) candidates in parallel")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--json", default=None, help="also write the rows and the summary to this JSON file")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks.kernel_sweep: no CUDA device on this machine; the sweep times kernels on a GPU "
+              "(nothing measured).")
+        return 0
+    from diffzoo.kernels import triton_diff as td
+
+    family = td.target_family(torch.cuda.get_device_capability())
+    causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
+    todo = candidates(args.d, causals, args.kinds, family)
+    print(f"device: {torch.cuda.get_device_name()} ({family} tables), torch {torch.__version__}, bf16, N = {args.n}, "
+          f"D = {args.width}, B * N = {args.tokens}; {len(todo)} candidates, {args.workers} checking processes",
+          flush=True)
+    shards = [todo[i :: args.workers] for i in range(args.workers)]
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        parts = pool.map(partial(check, n=args.n, width=args.width, tokens=args.tokens), shards)
+        rows = [r for part in parts for r in part]
+    summary = time_rows(rows, args.n, args.width, args.tokens, args.warmup, args.reps)
+    print(format_rows(rows, lambda kind, d: td.CONFIGS[kind][family][td.width_bucket(d)]))
+    print("\nforward + backward (ms): the fastest of each kernel together, the pinned entries, the sdpa backend")
+    for name, e in summary.items():
+        print(f"{name:12s} best {e['best_fwd_bwd_ms']:8.3f}  pinned {e['pinned_fwd_bwd_ms']:8.3f}  "
+              f"sdpa {e['sdpa_fwd_bwd_ms']:8.3f}  best = {e['best']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), family=family, torch=torch.__version__,
+                           n=args.n, width=args.width, tokens=args.tokens, rows=rows, summary=summary), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
