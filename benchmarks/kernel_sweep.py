@@ -49,10 +49,8 @@ def grid(kind: str, d: int, shipped: list[tuple[int, int, int, int]]) -> list[tu
     tiles of 16-64 query rows against 64 or 128 keys; 2 or 3 stages.
     """
     out = set(shipped)
-    if kind == "bwd_kv":
-        ms, ns = (16, 32, 64), (64, 128)
-    else:
-        ms, ns = (64, 128), (32, 64, 128)
+    ms: tuple[int, ...] = (16, 32, 64) if kind == "bwd_kv" else (64, 128)
+    ns: tuple[int, ...] = (64, 128) if kind == "bwd_kv" else (32, 64, 128)
     for bm in ms:
         for bn in ns:
             for warps in (4, 8):
