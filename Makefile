@@ -22,10 +22,13 @@ test: venv
 test-all: venv
 	$(PY) -m pytest -q -m "slow or not slow"
 
-# On a CUDA machine: every Triton configuration against the reference, then the kernel timing table
+# On a CUDA machine: every Triton configuration against the reference, the kernel timing table (once: the
+# suite's own timing test is that table), then the per-configuration sweep; JSON records in outputs/gpu/
 gpu: venv
-	$(PY) -m pytest -q -rA tests/gpu
-	$(PY) -m benchmarks.kernels --json gpu-kernels.json
+	mkdir -p outputs/gpu
+	$(PY) -m pytest -q -rA tests/gpu -k "not timing_table"
+	$(PY) -m benchmarks.kernels --json outputs/gpu/kernels.json
+	$(PY) -m benchmarks.kernel_sweep --json outputs/gpu/sweep.json
 
 # ruff: pyflakes, bugbear, import order, pyupgrade ([tool.ruff] in pyproject.toml)
 lint: venv
