@@ -39,8 +39,8 @@ from . import triton_diff as td
 SHARED_LIMIT = {90: 232448, 80: 166912}
 PINNED_SHARED_LIMIT = {90: 232448, 80: 101376}
 # Spill stores a shipped entry may have, in bytes per thread. Measured on an H200 (docs/kernels.md, "Measured
-# on a GPU"): the fastest entry of every sm90 list spills 24-244 B, and each ran 1.2-1.3x faster than the
-# spill-free entries it replaced. Larger spills stay out.
+# on a GPU"): the fastest entry of each sm90 forward and dK/dV list spills 24-244 B, and each ran 1.2-1.35x
+# faster than the spill-free pinned entry it replaced. Larger spills stay out.
 SPILL_LIMIT = 256
 ARCH_FAMILY = {90: "sm90", 80: "sm80"}
 KIND_LABEL = {"fwd": "forward", "bwd_kv": "backward dK/dV (+ atomic dQ)", "bwd_q": "backward dQ (no atomics)"}
