@@ -19,7 +19,10 @@ this sweep is how an entry earns its place there. For each kernel and head width
    beside the pinned entries and the ``sdpa`` backend, on the same inputs.
 
 Shapes as ``python -m benchmarks.kernels``: bf16, model width ``D = 2H * d`` (default 2048), ``B * N =
-16K`` tokens. Without CUDA it says so and exits 0.
+16K`` tokens. It prints its progress (every 10 candidates checked, every candidate timed) and rewrites
+``--json`` after the check and after each width and mask it times, so a run stopped early keeps what it
+measured. Without CUDA it says so and exits 0; the tests run its check and timing code in Triton's CPU
+interpreter at a tiny size.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import contextlib
 import json
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import partial
 from multiprocessing import get_context
 
@@ -96,85 +100,88 @@ def _outputs(case, deterministic: bool):
         torch.use_deterministic_algorithms(old, warn_only=True)
 
 
-def _inputs(n: int, width: int, tokens: int, d: int, causal: bool):
-    g = torch.Generator(device="cuda").manual_seed(0)
+def _inputs(n: int, width: int, tokens: int, d: int, causal: bool, device: str = "cuda"):
+    g = torch.Generator(device=device).manual_seed(0)
     heads, B = width // d, max(1, tokens // n)
-    q, k = (torch.randn(B, heads, n, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    q, k = (torch.randn(B, heads, n, d, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
             for _ in range(2))
-    v = torch.randn(B, heads // 2, n, 2 * d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-    lam = torch.tensor(0.5, device="cuda", requires_grad=True)
-    dout = torch.randn(B, heads // 2, n, 2 * d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, heads // 2, n, 2 * d, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
+    lam = torch.tensor(0.5, device=device, requires_grad=True)
+    dout = torch.randn(B, heads // 2, n, 2 * d, device=device, dtype=torch.bfloat16, generator=g)
     return q, k, v, lam, dout, causal
 
 
-def check(todo: list[tuple], n: int, width: int, tokens: int) -> list[dict]:
-    """Run (and so compile) each candidate against the all-pinned call; one dict per candidate."""
-    from diffzoo.kernels import triton_diff as td
-
-    family = td.target_family(torch.cuda.get_device_capability())
-    refs: dict = {}
-    rows = []
-    for kind, d, causal, config in todo:
-        row = dict(kind=kind, d=d, causal=causal, config=list(config))
-        deterministic = kind == "bwd_q"
-        try:
-            key = (d, causal, deterministic)
-            if key not in refs:
-                case = _inputs(n, width, tokens, d, causal)
-                with _forced(None, None, d, family):
-                    refs[key] = (case, _outputs(case, deterministic))
-            case, want = refs[key]
-            with _forced(kind, config, d, family):
-                got = _outputs(case, deterministic)
-            row["err"] = max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
-                             for a, b in zip(got, want))
-            row["ok"] = row["err"] <= MAX_ERR
-        except Exception as e:  # shared memory beyond the device's, a compile failure
-            row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e).splitlines()[0][:110] if str(e) else ''}"
-            torch.cuda.empty_cache()
-        rows.append(row)
-    return rows
+def relative_error(got, want) -> float:
+    """Largest absolute difference over the tensors of ``got``, each relative to the largest magnitude of its
+    counterpart in ``want``."""
+    return max(((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6)).item()
+               for a, b in zip(got, want))
 
 
-def time_rows(rows: list[dict], n: int, width: int, tokens: int, warmup: int, reps: int) -> dict:
-    """Time the candidates that passed (in place) and return the per-width summary."""
-    from diffzoo.kernels import triton_diff as td
+_REFERENCES: dict = {}  # per process: the inputs and the all-pinned outputs of each (shape, mask, mode)
 
-    family = td.target_family(torch.cuda.get_device_capability())
-    summary = {}
-    for d in sorted({r["d"] for r in rows}):
-        for causal in sorted({r["causal"] for r in rows if r["d"] == d}):
-            forward, forward_backward, _ = _make_case("triton", max(1, tokens // n), n, width, d, causal, "cuda")
-            for r in rows:
-                if r["d"] != d or r["causal"] != causal or not r["ok"]:
-                    continue
-                with _forced(r["kind"], tuple(r["config"]), d, family):
-                    if r["kind"] == "fwd":
-                        r["ms"] = _time_ms(forward, warmup, reps, "cuda")
-                    elif r["kind"] == "bwd_kv":
-                        r["ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
-                    else:
-                        torch.use_deterministic_algorithms(True, warn_only=True)
-                        try:
-                            r["ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
-                        finally:
-                            torch.use_deterministic_algorithms(False)
-            best = {}
-            for kind in KINDS:
-                timed = [r for r in rows if r["d"] == d and r["causal"] == causal and r["kind"] == kind and "ms" in r]
-                if timed:
-                    best[kind] = tuple(min(timed, key=lambda r: r["ms"])["config"])
-            entry: dict = dict(d=d, causal=causal, best=best)
-            with contextlib.ExitStack() as stack:
-                for kind, c in best.items():
-                    stack.enter_context(td.forced_config(kind, c))
-                entry["best_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
+
+def check_one(item: tuple, n: int, width: int, tokens: int, family: str, device: str = "cuda") -> dict:
+    """Run (and so compile) one candidate ``(kind, d, causal, config)`` against the all-pinned call."""
+    kind, d, causal, config = item
+    row = dict(kind=kind, d=d, causal=causal, config=list(config))
+    deterministic = kind == "bwd_q"
+    try:
+        key = (n, width, tokens, d, causal, deterministic, family, device)
+        if key not in _REFERENCES:
+            case = _inputs(n, width, tokens, d, causal, device)
             with _forced(None, None, d, family):
-                entry["pinned_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, "cuda")
-            _, sdpa_fb, _ = _make_case("sdpa", max(1, tokens // n), n, width, d, causal, "cuda")
-            entry["sdpa_fwd_bwd_ms"] = _time_ms(sdpa_fb, warmup, reps, "cuda")
-            summary[f"d{d}-{'causal' if causal else 'full'}"] = entry
-    return summary
+                _REFERENCES[key] = (case, _outputs(case, deterministic))
+        case, want = _REFERENCES[key]
+        with _forced(kind, config, d, family):
+            got = _outputs(case, deterministic)
+        row["err"] = relative_error(got, want)
+        row["ok"] = row["err"] <= MAX_ERR
+    except Exception as e:  # shared memory beyond the device's, a compile failure
+        row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e).splitlines()[0][:110] if str(e) else ''}"
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return row
+
+
+def time_group(rows: list[dict], d: int, causal: bool, n: int, width: int, tokens: int, warmup: int, reps: int,
+               family: str, device: str = "cuda") -> dict:
+    """Time the candidates of one width and mask that passed (in place, printing each) and summarise them."""
+    from diffzoo.kernels import triton_diff as td
+
+    B = max(1, tokens // n)
+    forward, forward_backward, _ = _make_case("triton", B, n, width, d, causal, device)
+    group = [r for r in rows if r["d"] == d and r["causal"] == causal]
+    for r in group:
+        if not r["ok"]:
+            continue
+        with _forced(r["kind"], tuple(r["config"]), d, family):
+            if r["kind"] == "fwd":
+                r["ms"] = _time_ms(forward, warmup, reps, device)
+            elif r["kind"] == "bwd_kv":
+                r["ms"] = _time_ms(forward_backward, warmup, reps, device)
+            else:
+                torch.use_deterministic_algorithms(True, warn_only=True)
+                try:
+                    r["ms"] = _time_ms(forward_backward, warmup, reps, device)
+                finally:
+                    torch.use_deterministic_algorithms(False)
+        print(f"  timed {r['kind']:6s} d={d} causal={causal!s:5s} {tuple(r['config'])}: {r['ms']:.3f} ms", flush=True)
+    best = {}
+    for kind in KINDS:
+        timed = [r for r in group if r["kind"] == kind and "ms" in r]
+        if timed:
+            best[kind] = tuple(min(timed, key=lambda r: r["ms"])["config"])
+    entry: dict = dict(d=d, causal=causal, best=best)
+    with contextlib.ExitStack() as stack:
+        for kind, c in best.items():
+            stack.enter_context(td.forced_config(kind, c))
+        entry["best_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, device)
+    with _forced(None, None, d, family):
+        entry["pinned_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, device)
+    _, sdpa_fb, _ = _make_case("sdpa", B, n, width, d, causal, device)
+    entry["sdpa_fwd_bwd_ms"] = _time_ms(sdpa_fb, warmup, reps, device)
+    return entry
 
 
 def format_rows(rows: list[dict], shipped_of) -> str:
@@ -217,20 +224,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {torch.cuda.get_device_name()} ({family} tables), torch {torch.__version__}, bf16, N = {args.n}, "
           f"D = {args.width}, B * N = {args.tokens}; {len(todo)} candidates, {args.workers} checking processes",
           flush=True)
-    shards = [todo[i :: args.workers] for i in range(args.workers)]
+    rows: list[dict] = []
+    summary: dict = {}
+
+    def save() -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(), family=family, torch=torch.__version__, n=args.n,
+                               width=args.width, tokens=args.tokens, rows=rows, summary=summary), f, indent=1)
+
+    start = time.monotonic()
+    check = partial(check_one, n=args.n, width=args.width, tokens=args.tokens, family=family)
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-        parts = pool.map(partial(check, n=args.n, width=args.width, tokens=args.tokens), shards)
-        rows = [r for part in parts for r in part]
-    summary = time_rows(rows, args.n, args.width, args.tokens, args.warmup, args.reps)
+        for i, future in enumerate(as_completed([pool.submit(check, item) for item in todo]), 1):
+            rows.append(future.result())
+            if i % 10 == 0 or i == len(todo):
+                print(f"checked {i} of {len(todo)} ({time.monotonic() - start:.0f} s)", flush=True)
+    rows.sort(key=lambda r: (r["kind"], r["d"], r["causal"], r["config"]))
+    save()
+    for d in args.d:
+        for causal in causals:
+            summary[f"d{d}-{'causal' if causal else 'full'}"] = time_group(
+                rows, d, causal, args.n, args.width, args.tokens, args.warmup, args.reps, family)
+            save()  # a run stopped later keeps what it timed
     print(format_rows(rows, lambda kind, d: td.CONFIGS[kind][family][td.width_bucket(d)]))
     print("\nforward + backward (ms): the fastest of each kernel together, the pinned entries, the sdpa backend")
     for name, e in summary.items():
         print(f"{name:12s} best {e['best_fwd_bwd_ms']:8.3f}  pinned {e['pinned_fwd_bwd_ms']:8.3f}  "
               f"sdpa {e['sdpa_fwd_bwd_ms']:8.3f}  best = {e['best']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), family=family, torch=torch.__version__,
-                           n=args.n, width=args.width, tokens=args.tokens, rows=rows, summary=summary), f, indent=1)
     return 0
 
 

@@ -29,3 +29,41 @@ def test_grid_holds_every_shipped_entry_and_no_one_group_128_row_accumulator(fam
 def test_without_cuda_it_says_so_and_measures_nothing(capsys):
     assert ks.main(["--json", "never-written.json"]) == 0
     assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_relative_error_flags_a_wrong_tensor():
+    want = (torch.ones(4, 4), torch.full((3,), 2.0))
+    assert ks.relative_error(want, want) == 0.0
+    off = (torch.ones(4, 4), torch.tensor([2.0, 2.0, 2.2]))
+    assert ks.relative_error(off, want) == pytest.approx(0.1, rel=1e-4) and ks.relative_error(off, want) > ks.MAX_ERR
+
+
+def test_one_candidate_of_each_kernel_checks_and_times_in_the_interpreter():
+    """The sweep's own check and timing code, run on CPU by Triton's interpreter at a tiny size (block sizes
+    only; nothing it times means anything there)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = r'''
+import json
+from benchmarks import kernel_sweep as ks
+todo = ks.candidates([16], [True], family="sm90")
+items = [next(it for it in todo if it[0] == kind) for kind in ks.KINDS]
+rows = [ks.check_one(it, n=48, width=32, tokens=48, family="sm90", device="cpu") for it in items]
+entry = ks.time_group(rows, 16, True, 48, 32, 48, warmup=0, reps=1, family="sm90", device="cpu")
+print(json.dumps(dict(rows=rows, entry={k: v for k, v in entry.items() if k != "best"}, best=sorted(entry["best"]))))
+'''
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["kind"] for r in got["rows"]] == list(ks.KINDS)
+    for r in got["rows"]:
+        assert r["ok"] and "error" not in r and r["err"] <= ks.MAX_ERR, r
+        assert r["ms"] > 0
+    assert got["best"] == sorted(ks.KINDS)
+    assert all(got["entry"][k] > 0 for k in ("best_fwd_bwd_ms", "pinned_fwd_bwd_ms", "sdpa_fwd_bwd_ms"))
