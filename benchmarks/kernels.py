@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--deterministic", action="store_true",
+                   help="time under torch.use_deterministic_algorithms(True) (warn only): the triton rows then "
+                        "compute dQ in its own atomic-free kernel")
     p.add_argument("--static", "--ptxas", dest="static", action="store_true",
                    help="print the build report of the shipped Triton configurations (no GPU needed)")
     p.add_argument("--arch", type=int, nargs="+", default=[90, 80], choices=[90, 80], help="targets of --static")
@@ -239,10 +242,18 @@ def main(argv: list[str] | None = None) -> int:
           "16 N^2 D (fwd+bwd), standard 4 / 14; causal halves them")
     print(_HEADER)
     print("-" * len(_HEADER))
-    results = run(args.n, args.d, causals, rows, args.width, args.tokens, args.warmup, args.reps)
+    if args.deterministic:
+        print("deterministic algorithms: on (triton: dQ by the atomic-free kernel)")
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(args.deterministic, warn_only=True)
+    try:
+        results = run(args.n, args.d, causals, rows, args.width, args.tokens, args.warmup, args.reps)
+    finally:
+        torch.use_deterministic_algorithms(old, warn_only=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=results), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                           deterministic=args.deterministic, rows=results), f, indent=1)
     return 0
 
 
