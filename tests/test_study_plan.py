@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -191,6 +192,9 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
     saved = json.loads((records / "mqar.json").read_text())
     assert {v: b["lr"] for v, b in check["best"].items()} == {v: b["lr"] for v, b in saved["best"].items()}
     assert len(saved["runs"]) == 6 and saved["quick"]  # 2 variants x (1 grid + 2 final seeds)
+    # the trainings log beside these records, never in the study's own run folders
+    assert {p.name for p in (records / "runs" / "mqar" / "runs").iterdir() if p.is_dir()} >= set(saved["runs"])
+    assert plan.run_folder(plan.CELLS[0], plan.RECORDS) == Path("outputs/study") / plan.CELLS[0].name
     grid = [r for r in saved["runs"].values() if r["seed"] < sweep.FINAL_SEED]
     final = [r for r in saved["runs"].values() if r["seed"] >= sweep.FINAL_SEED]
     assert all("test/acc" not in r["summary"]["metrics"] for r in grid)  # the grid never scores the test set

@@ -121,6 +121,15 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
 )
 
 
+def run_folder(cell: Cell, records: Path) -> Path:
+    """Where ``cell``'s trainings write their logs and weights: ``outputs/study/<cell>`` for the study's own
+    records, ``<records>/runs/<cell>`` for any other records folder (a retrained row, ``--quick``), so two
+    records folders never share a run folder."""
+    if Path(records).resolve() == RECORDS.resolve():
+        return Path("outputs/study") / cell.name
+    return Path(records) / "runs" / cell.name
+
+
 def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequence[str] | None = None,
                lrs: Sequence[float] | None = None, paired: bool = False) -> list[str]:
     """The :func:`diffzoo.study.sweep.main` arguments of ``cell`` for ``variants`` (default: all of the
@@ -129,7 +138,7 @@ def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequ
     lrs = list(lrs or cell.lrs)
     argv = ["--family", cell.family, "--variants", *variants, "--lrs", *(lr_tag(x) for x in lrs),
             "--seeds", str(GRID_SEEDS), "--final-seeds", str(cell.final_seeds), "--jobs", str(jobs),
-            "--out", str(Path("outputs/study") / cell.name), "--results", str(records / f"{cell.name}.json")]
+            "--out", str(run_folder(cell, records)), "--results", str(records / f"{cell.name}.json")]
     if paired:
         argv.append("--paired")
     if quick:  # the pipeline only: two variants, the grid's centre (paired: their lrs), one grid seed, two finals
