@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -54,13 +56,20 @@ todo = ks.candidates([16], [True], family="sm90")
 items = [next(it for it in todo if it[0] == kind) for kind in ks.KINDS]
 rows = [ks.check_one(it, n=48, width=32, tokens=48, family="sm90", device="cpu") for it in items]
 entry = ks.time_group(rows, 16, True, 48, 32, 48, warmup=0, reps=1, family="sm90", device="cpu")
+from diffzoo.kernels import triton_diff as td
+print(ks.format_rows(rows, lambda kind, d: td.CONFIGS[kind]["sm90"][td.width_bucket(d)]))
 print(json.dumps(dict(rows=rows, entry={k: v for k, v in entry.items() if k != "best"}, best=sorted(entry["best"]))))
 '''
     env = dict(os.environ, TRITON_INTERPRET="1")
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    got = json.loads(lines[-1])
+    table = lines[-5:-1]  # the printed list: a header and one line per candidate, each with its time
+    assert table[0].startswith("kernel")
+    assert sorted(line.split()[0] for line in table[1:]) == sorted(ks.KINDS)
+    assert all(re.search(r" \d+\.\d{3}  .*err \d", line) for line in table[1:]), table  # a time and an error each
     assert [r["kind"] for r in got["rows"]] == list(ks.KINDS)
     for r in got["rows"]:
         assert r["ok"] and "error" not in r and r["err"] <= ks.MAX_ERR, r
