@@ -162,6 +162,46 @@ def test_non_contiguous_inputs_compile_with_inductor():
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
+_BITS_SCRIPT = """
+import hashlib, sys, torch
+from diffzoo.kernels import triton_diff as td
+dev, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.use_deterministic_algorithms(True)
+g = torch.Generator().manual_seed(0)
+q = torch.randn(2, 8, n, d, generator=g).to(dev, torch.bfloat16).requires_grad_()
+k = torch.randn(2, 4, n, d, generator=g).to(dev, torch.bfloat16).requires_grad_()
+v = torch.randn(2, 2, n, 2 * d, generator=g).to(dev, torch.bfloat16).requires_grad_()
+lam = torch.tensor(0.6, device=dev, requires_grad=True)
+out = td.diff_attention_triton(q, k, v, lam, causal=True)
+dout = torch.randn(out.shape, generator=g).to(out)
+h = hashlib.sha256()
+for t in (out, *torch.autograd.grad(out, (q, k, v, lam), dout)):
+    h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_deterministic_runs_are_bit_identical_across_processes():
+    """Under deterministic algorithms (pinned configurations, dQ without atomics) two fresh processes give
+    the same bits for the output and every gradient; the default path adds dQ by atomics and need not."""
+    import os
+    import subprocess
+    import sys
+
+    n, d = (1000, 64) if ON_CUDA else (40, 16)
+    env = dict(os.environ) if ON_CUDA else dict(os.environ, TRITON_INTERPRET="1")
+
+    def digest(width: int) -> str:
+        proc = subprocess.run([sys.executable, "-c", _BITS_SCRIPT, DEVICE, str(n), str(width)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.split()[-1]
+
+    for width in (d, 2 * d) if ON_CUDA else (d,):
+        first, second = digest(width), digest(width)
+        assert len(first) == 64 and first == second, f"d = {width}: {first} != {second}"
+
+
 @pytest.mark.skipif(not ON_CUDA, reason="a real launch of 70,000 programs per tile; the interpreter test records grids")
 def test_batch_times_heads_above_the_axis_limit():
     q, k, v, lam = _inputs(35000, 2, 2, 16, 16, 64, torch.bfloat16)  # B * H = 70,000 > 65,535
