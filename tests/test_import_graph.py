@@ -196,3 +196,26 @@ def test_the_scanner_sees_every_kind_of_import(tmp_path: Path, monkeypatch, sour
 def test_find_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+@pytest.mark.parametrize("host", ["open_clip", "timm"])
+def test_layers_and_kernels_import_without_a_host_library(host: str) -> None:
+    """Without open_clip or timm, ``import diffzoo`` warns (naming what to install) and the attention works."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import sys, warnings; sys.modules[{host!r}] = None\n"  # makes `import {host}` fail as if not installed
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import diffzoo\n"
+        "import torch\n"
+        "from diffzoo.layers import DiffAttention\n"
+        "y = DiffAttention(dim=32, num_heads=2)(torch.randn(1, 5, 32))\n"
+        "assert y.shape == (1, 5, 32)\n"
+        "assert 'diffzoo.models' not in sys.modules\n"
+        "print([str(w.message) for w in caught if 'diffzoo.models' in str(w.message)])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{host} is not installed" in proc.stdout and "pip install" in proc.stdout, proc.stdout
