@@ -312,7 +312,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the prose below the generated table, as words whatever its line breaks (the table repeats the means)
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
-    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
+    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered": (2, 2), "speech": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name in quoted])
     for name, (mean_digits, digits) in quoted.items():
