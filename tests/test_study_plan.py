@@ -341,6 +341,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert len(checks) == 3 and all(r["flat_longer"] for r in checks)  # "all three 80-epoch curves were flat"
     assert (f"{gains['softmax']} (softmax), {gains['diff']} (V1) and {gains['diff_v2_matched']} (V2) points"
             in page), gains
+    # cluttered's budget check: the gains at twice the epochs, and softmax / V1 still rising there
+    checks = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS,
+                                                           [c for c in plan.CELLS if c.name == "cluttered-2x"])}
+    gains = {v: f"{r['longer'] - r['budget']:+.2f}" for v, r in checks.items()}
+    assert (f"{gains['softmax']} (softmax), {gains['diff']} (V1) and {gains['diff_v2_matched']} (V2) points"
+            in page), gains
+    assert not checks["softmax"]["flat_longer"] and not checks["diff"]["flat_longer"]
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
