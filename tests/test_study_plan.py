@@ -327,27 +327,26 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 assert ci in page, (name, r["variant"], ci)
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
+    def budget_check(name: str, digits: int) -> tuple[dict, str]:
+        """A budget check's rows by variant, and the page's phrase of each variant's change at twice the budget."""
+        rows = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
+        assert len(rows) == 3, name
+        ch = {v: f"{r['longer'] - r['budget']:+.{digits}f}" for v, r in rows.items()}
+        return rows, f"{ch['softmax']} (softmax), {ch['diff']} (V1) and {ch['diff_v2_matched']} (V2)"
+
     # the LM's budget checks: the change of each variant's validation loss at twice the steps
     for check, worse in (("lm-2k-2x", None), ("lm-2x", True)):
-        checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == check])
-        assert len(checks) == 3
-        changes = {r["variant"]: f"{r['longer'] - r['budget']:+.3f}" for r in checks}
-        assert (f"{changes['softmax']} (softmax), {changes['diff']} (V1) and {changes['diff_v2_matched']} (V2)"
-                in page), (check, changes)
-        assert worse is None or all(r["longer"] > r["budget"] for r in checks)  # "made validation loss worse"
+        rows, phrase = budget_check(check, 3)
+        assert phrase in page, (check, phrase)
+        assert worse is None or all(r["longer"] > r["budget"] for r in rows.values())  # "made validation loss worse"
     # CLIP's budget check: the gain of each variant's validation mean recall at twice the epochs
-    checks = plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "clip-40ep-2x"])
-    gains = {r["variant"]: f"{r['longer'] - r['budget']:+.2f}" for r in checks}
-    assert len(checks) == 3 and all(r["flat_longer"] for r in checks)  # "all three 80-epoch curves were flat"
-    assert (f"{gains['softmax']} (softmax), {gains['diff']} (V1) and {gains['diff_v2_matched']} (V2) points"
-            in page), gains
+    rows, phrase = budget_check("clip-40ep-2x", 2)
+    assert all(r["flat_longer"] for r in rows.values())  # "all three 80-epoch curves were flat"
+    assert f"{phrase} points" in page, phrase
     # cluttered's budget check: the gains at twice the epochs, and softmax / V1 still rising there
-    checks = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS,
-                                                           [c for c in plan.CELLS if c.name == "cluttered-2x"])}
-    gains = {v: f"{r['longer'] - r['budget']:+.2f}" for v, r in checks.items()}
-    assert (f"{gains['softmax']} (softmax), {gains['diff']} (V1) and {gains['diff_v2_matched']} (V2) points"
-            in page), gains
-    assert not checks["softmax"]["flat_longer"] and not checks["diff"]["flat_longer"]
+    rows, phrase = budget_check("cluttered-2x", 2)
+    assert f"{phrase} points" in page, phrase
+    assert not rows["softmax"]["flat_longer"] and not rows["diff"]["flat_longer"]
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
