@@ -58,7 +58,8 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
-    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "speech", "clip", "clip-40ep", "lm", "lm-2k", "needle"}
+    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "clip", "clip-40ep", "lm",
+                      "lm-2k", "needle"}
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
@@ -298,9 +299,9 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
     rows = plan.budget_checks(tmp_path, [check])
     assert [r["variant"] for r in rows] == list(plan.MAIN)
     assert all(r["budget"] == pytest.approx(90.0) and r["longer"] == pytest.approx(95.0) for r in rows)
-    assert "| mqar | softmax | 0.004 | val/acc | 90.00 | 95.00 | +5.00 | yes | yes |" in plan.budget_table(rows)
+    assert "| mqar | softmax | 0.004 | val/acc | 90.00 | 2x | 95.00 | +5.00 | yes | yes |" in plan.budget_table(rows)
     assert [r["flat_longer"] for r in rows] == [True, False, True]
-    assert "| mqar | diff | 0.001 | val/acc | 90.00 | 95.00 | +5.00 | yes | no |" in plan.budget_table(rows)
+    assert "| mqar | diff | 0.001 | val/acc | 90.00 | 2x | 95.00 | +5.00 | yes | no |" in plan.budget_table(rows)
 
 
 def test_results_page_quotes_the_finished_cells_from_their_records():
@@ -312,7 +313,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the prose below the generated table, as words whatever its line breaks (the table repeats the means)
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
-    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered": (2, 2), "speech": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
+    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name in quoted])
     for name, (mean_digits, digits) in quoted.items():
@@ -344,7 +345,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert all(r["flat_longer"] for r in rows.values())  # "all three 80-epoch curves were flat"
     assert f"{phrase} points" in page, phrase
     # cluttered's budget check: the gains at twice the epochs, and softmax / V1 still rising there
-    rows, phrase = budget_check("cluttered-2x", 2)
+    rows, phrase = budget_check("cluttered-30ep-2x", 2)
     assert f"{phrase} points" in page, phrase
     assert not rows["softmax"]["flat_longer"] and not rows["diff"]["flat_longer"]
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
