@@ -58,7 +58,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
-    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "clip", "clip-40ep", "lm",
+    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "lm",
                       "lm-2k", "needle"}
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
@@ -313,7 +313,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the prose below the generated table, as words whatever its line breaks (the table repeats the means)
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
-    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
+    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, [c for c in plan.CELLS if c.name in quoted])
     for name, (mean_digits, digits) in quoted.items():
@@ -348,6 +348,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("cluttered-30ep-2x", 2)
     assert f"{phrase} points" in page, phrase
     assert not rows["softmax"]["flat_longer"] and not rows["diff"]["flat_longer"]
+    # speech's 40-epoch check: the gains at 80 epochs; V1 flat there, softmax and V2 not
+    rows, phrase = budget_check("speech-40ep-2x", 2)
+    assert f"gained {phrase} points" in page, phrase
+    assert rows["diff"]["flat_longer"] and not rows["softmax"]["flat_longer"] and not rows["diff_v2_matched"]["flat_longer"]
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}

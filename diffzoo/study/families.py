@@ -87,7 +87,7 @@ FAMILIES: dict[str, Family] = {
         "recipes.speech_commands", attn_variants(_variant_names()), "val/top1", "test/top1",
         "top-1 %, synthesised keywords", "speech_synth.yaml", _data_seed,
         _LIMITS + ("--trainer.limit_test_batches", "2"), knobs=("data.init_args.snr_fixed_db",), chance=1 / 12,
-        default_variants=_MAIN, base_args=("--model.model", "softkwt_nano"), budget=Budget(epochs=40)),
+        default_variants=_MAIN, base_args=("--model.model", "softkwt_nano"), budget=Budget(epochs=80)),
     "lm": Family(
         "recipes.lm", attn_variants(_variant_names()), "val/loss", "test/loss",
         "loss (nats/byte), pydoc text, lm_tiny, 128-byte windows, no needle contexts", "lm_pydoc.yaml",
