@@ -348,6 +348,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("cluttered-30ep-2x", 2)
     assert f"{phrase} points" in page, phrase
     assert not rows["softmax"]["flat_longer"] and not rows["diff"]["flat_longer"]
+    # the ViT's check: under a point for each variant, every curve flat at both budgets
+    rows, phrase = budget_check("vit-2x", 2)
+    assert f"gained {phrase} points" in page, phrase
+    assert all(r["flat"] and r["flat_longer"] and abs(r["longer"] - r["budget"]) < 1.0 for r in rows.values())
     # speech's 40-epoch check: the gains at 80 epochs; V1 flat there, softmax and V2 not
     rows, phrase = budget_check("speech-40ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
