@@ -60,6 +60,8 @@ def test_recipe_arguments_state_one_rule_for_every_family():
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "lm",
                       "lm-2k", "needle"}
+    by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task, extra arguments too
+    assert all(c.extra == by_name[c.lr_from].extra for c in plan.CELLS if c.epochs_factor is not None)
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
@@ -348,6 +350,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("cluttered-30ep-2x", 2)
     assert f"{phrase} points" in page, phrase
     assert not rows["softmax"]["flat_longer"] and not rows["diff"]["flat_longer"]
+    # cluttered's pilot at 4x: the gains at 120 epochs; V1 and V2 flat there, softmax not
+    rows, phrase = budget_check("cluttered-30ep-4x", 2)
+    assert f"gained {phrase} points" in page, phrase
+    assert not rows["softmax"]["flat_longer"] and rows["diff"]["flat_longer"] and rows["diff_v2_matched"]["flat_longer"]
     # the ViT's check: under a point for each variant, every curve flat at both budgets
     rows, phrase = budget_check("vit-2x", 2)
     assert f"gained {phrase} points" in page, phrase

@@ -123,9 +123,9 @@ FAMILIES: dict[str, Family] = {
         budget=Budget(epochs=10, steps_per_epoch=100), no_test_args=("--data.score_test", "false")),
     "cluttered": Family(
         "recipes.cluttered_digits", attn_variants(_variant_names()), "val/top1", "test/top1",
-        "top-1 %, cluttered digits (35x35 canvas, 4 fragments)", "cluttered_digits.yaml", _plain_seed, ("--quick",),
+        "top-1 %, cluttered digits (35x35 canvas; 2 fragments, 4 in cluttered-30ep)", "cluttered_digits.yaml", _plain_seed, ("--quick",),
         monitor_args=(), knobs=("data.k", "data.canvas"), chance=0.1, default_variants=_MAIN,
-        base_args=("--data.canvas", "35"), budget=Budget(epochs=30),
+        base_args=("--data.canvas", "35"), budget=Budget(epochs=120),
         no_test_args=("--data.score_test", "false")),
 }
 
