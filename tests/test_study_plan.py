@@ -148,6 +148,24 @@ def test_headline_applies_one_holm_over_every_cell(tmp_path):
     assert all(p["flat"] for r in rows for p in r["plateau"])
 
 
+def test_gap_table_pairs_the_cells_of_one_task_at_each_budget(tmp_path):
+    best = {"softmax": 2e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
+    soft = [90.0, 90.5, 91.0, 91.5, 92.0, 92.5, 93.0, 93.5]
+    short = _record("vit", best, {"softmax": soft, "diff": [x - 2.0 for x in soft], "diff_v2_matched": soft})
+    long = _record("vit", best, {"softmax": soft, "diff": [x - 0.5 for x in soft], "diff_v2_matched": soft})
+    (tmp_path / "vit-40ep.json").write_text(json.dumps(short))
+    (tmp_path / "vit.json").write_text(json.dumps(long))
+    (tmp_path / "lm.json").write_text(json.dumps(_record("lm", best, {v: [1.4, 1.5, 1.6] for v in best})))
+    (tmp_path / "clip-40ep.json").write_text(json.dumps(short))  # one budget of a task: no pair, no row
+    cells = [c for c in plan.CELLS if c.name in ("vit", "vit-40ep", "lm", "lm-2k", "clip-40ep", "vit-l")]
+    rows = plan.gap_by_budget(plan.headline(tmp_path, cells), cells)
+    assert [(r["cell"], r["budget"]) for r in rows] == [("vit-40ep", "40 epochs"), ("vit", "80 epochs")]
+    assert [r["vs"]["diff"]["diff"] for r in rows] == pytest.approx([-2.0, -0.5])
+    table = plan.gap_table(rows)
+    assert "| vit (test/top1) | vit-40ep | 40 epochs | -2.00 [" in table and "| vit | 80 epochs | -0.50 [" in table
+    assert [plan.budget_words(c) for c in plan.CELLS if c.name in ("lm", "lm-2k")] == ["4,000 steps", "2,000 steps"]
+
+
 def test_status_says_how_long_a_started_cell_has_left(tmp_path):
     cell = next(c for c in plan.CELLS if c.name == "clip")
     runs = {f"softmax_lr0.001_seed{i}": {"name": f"softmax_lr0.001_seed{i}", "variant": "softmax", "lr": 1e-3,

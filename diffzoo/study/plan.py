@@ -417,6 +417,9 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
         if voices["rows"]:
             parts.append(f"### Speech (`{cell.name}`): test voices resampled, and the gap against SNR\n\n"
                          + speech_voice_table(voices))
+    gaps = gap_by_budget(result, cells)
+    if gaps:
+        parts.append("### The gap against the budget: each task's cells at more than one budget\n\n" + gap_table(gaps))
     checks = budget_checks(records, cells)
     if checks:
         parts.append("### Budget check: seed 0 at each variant's best lr, trained longer (column `longer`: how many times the budget)\n\n"
@@ -500,6 +503,49 @@ def budget_checks(records: Path, cells: Sequence[Cell]) -> list[dict]:
                          "flat_longer": (run_plateau(family, long[0]) or {}).get("flat"),
                          "higher_is_better": family.higher_is_better, "scale": family.scale})
     return rows
+
+
+def budget_words(cell: Cell) -> str:
+    """A cell's budget as its recipe counts it: ``4,000 steps`` (a family that warms up in steps) or ``80 epochs``."""
+    budget = FAMILIES[cell.family].budget
+    assert budget is not None, f"family {cell.family} has no study budget"
+    epochs = cell_epochs(cell)
+    return f"{epochs * budget.steps_per_epoch:,} steps" if budget.steps_per_epoch else f"{epochs} epochs"
+
+
+def gap_by_budget(result: dict, cells: Sequence[Cell]) -> list[dict]:
+    """For every task with finished cells at more than one budget (same family and arguments, default size):
+    each cell's V1 - softmax and V2 - softmax differences on its reported metric, shortest budget first."""
+    tasks: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        if cell.lr_from is None and not cell.size_args and result["cells"].get(cell.name):
+            tasks.setdefault((cell.family, cell.extra), []).append(cell)
+    rows = []
+    for group in tasks.values():
+        if len(group) < 2:
+            continue
+        for cell in sorted(group, key=cell_epochs):
+            found = result["cells"][cell.name]
+            by = {r["variant"]: r for r in found["rows"]}
+            rows.append({"cell": cell.name, "family": cell.family, "metric": found["metric"],
+                         "budget": budget_words(cell), "scale": found["scale"],
+                         "vs": {v: by[v]["vs"] for v in MAIN[1:] if v in by and "vs" in by[v]}})
+    return rows
+
+
+def gap_table(rows: list[dict]) -> str:
+    lines = ["| task | cell | budget | V1 - softmax [95 % CI] | V2 - softmax [95 % CI] |", "|" + "---|" * 5]
+    for r in rows:
+        digits = 2 if r["scale"] != 1.0 else 3
+
+        def diff(v: str, r: dict = r, digits: int = digits) -> str:
+            c = r["vs"].get(v)
+            return "–" if c is None else (f"{c['diff']:+.{digits}f} [{fmt(c['ci_low'], digits)}, "
+                                          f"{fmt(c['ci_high'], digits)}]")
+
+        lines.append(f"| {r['family']} ({r['metric']}) | {r['cell']} | {r['budget']} | {diff(MAIN[1])} | "
+                     f"{diff(MAIN[2])} |")
+    return "\n".join(lines)
 
 
 def budget_table(rows: list[dict]) -> str:
