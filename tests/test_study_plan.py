@@ -454,3 +454,34 @@ def test_a_killed_study_stops_its_trainings(tmp_path):
     assert not [pid for pid in children if alive(pid)], "a training process outlived the study"
     time.sleep(1)
     assert len(list(pids.iterdir())) == 2, "a queued training started after the study was stopped"
+
+
+def test_every_run_records_the_code_that_trained_it(tmp_path):
+    import subprocess
+
+    from diffzoo.study.runs import code_stamp
+
+    here = code_stamp()  # this checkout
+    assert here["commit"] is not None and len(here["commit"]) == 40 and here["torch"]
+    repo = tmp_path / "repo"
+    (repo / "diffzoo").mkdir(parents=True)
+    (repo / "diffzoo" / "layer.py").write_text("x = 1\n")
+    (repo / "docs.md").write_text("notes\n")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    clean = code_stamp(repo)
+    assert len(clean["commit"]) == 40 and clean["changed"] == []
+    (repo / "diffzoo" / "layer.py").write_text("x = 2\n")  # training code edited after the commit
+    (repo / "docs.md").write_text("more notes\n")  # not code a training imports
+    (repo / "recipes").mkdir()
+    (repo / "recipes" / "new.py").write_text("")
+    stamp = code_stamp(repo)
+    assert stamp["commit"] == clean["commit"] and stamp["changed"] == ["diffzoo/layer.py", "recipes/new.py"]
+    assert code_stamp(tmp_path / "not-a-checkout")["commit"] is None
+    assert code_stamp(repo / "diffzoo")["commit"] is None  # inside a checkout, but not its top: not this code's

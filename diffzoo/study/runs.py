@@ -13,6 +13,37 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+CODE_PATHS = ("diffzoo", "recipes")  # what a training imports from this repository
+
+
+def code_stamp(root: Path | None = None) -> dict:
+    """What code trains a run: the repository's commit, the files under :data:`CODE_PATHS` that differ from it
+    (changed, added or deleted, as ``git status`` lists them), and the versions of torch and Lightning. With no
+    git checkout (an installed package) ``commit`` is None. Recorded with every run, so a later reader can tell
+    whether a table's runs were trained by the code that is there now."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")  # the checkout this package was imported from, not one around it
+    commit = git("rev-parse", "HEAD") if top and Path(top.strip()).resolve() == root.resolve() else None
+    changed = git("status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) if commit else None
+    versions = {}
+    for package in ("torch", "lightning"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return {"commit": commit.strip() if commit else None,
+            "changed": sorted(line[3:] for line in changed.splitlines()) if changed else [], **versions}
+
 
 def recipe_command(recipe: str, out: Path, name: str, args: Sequence[str]) -> list[str]:
     """``python -m <recipe> <args>`` logging CSV to ``out/name/version_N`` with no progress bar."""

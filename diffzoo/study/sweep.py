@@ -47,6 +47,7 @@ from .families import FAMILIES, Family, lr_tag, metric_value, run_name
 from .plots import plot_curves, plot_knob
 from .recipe import lr_grid, recipe_args
 from .runs import (
+    code_stamp,
     last_logged,
     latest_log_dir,
     progress_line,
@@ -86,7 +87,7 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
             *(("--" + knob[0], knob[1]) if knob else ()), *extra]
     runs = out / "runs"
     record: dict[str, Any] = {"name": name, "variant": variant, "lr": lr, "seed": seed,
-                              "knob": list(knob) if knob else None}
+                              "knob": list(knob) if knob else None, "code": code_stamp()}
     try:
         record["seconds"] = train(recipe_command(family.recipe, runs, name, args), runs / f"{name}.log")
         record.update(read_run(runs / name, (family.val_metric, "train/grad_norm"), steps=True))
