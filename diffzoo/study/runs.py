@@ -34,7 +34,7 @@ def code_stamp(root: Path | None = None) -> dict:
 
     top = git("rev-parse", "--show-toplevel")  # the checkout this package was imported from, not one around it
     commit = git("rev-parse", "HEAD") if top and Path(top.strip()).resolve() == root.resolve() else None
-    changed = git("status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) if commit else None
+    changed = git("--no-optional-locks", "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) if commit else None
     versions = {}
     for package in ("torch", "lightning"):
         try:
