@@ -485,3 +485,47 @@ def test_every_run_records_the_code_that_trained_it(tmp_path):
     assert stamp["commit"] == clean["commit"] and stamp["changed"] == ["diffzoo/layer.py", "recipes/new.py"]
     assert code_stamp(tmp_path / "not-a-checkout")["commit"] is None
     assert code_stamp(repo / "diffzoo")["commit"] is None  # inside a checkout, but not its top: not this code's
+
+
+def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_path):
+    import subprocess
+
+    from diffzoo.study import provenance
+
+    repo = tmp_path / "repo"
+    (repo / "diffzoo" / "study").mkdir(parents=True)
+    (repo / "rec").mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                               check=True, capture_output=True, text=True).stdout.strip()
+
+    def commit(message, runs, name="cell.json"):
+        (repo / "rec" / name).write_text(json.dumps({"runs": {r: {"name": r} for r in runs}}))
+        git("add", "-A")
+        git("commit", "-q", "-m", message)
+        return git("rev-parse", "HEAD")
+
+    git("init", "-q")
+    (repo / "diffzoo" / "layer.py").write_text("x = 1\n")
+    (repo / "diffzoo" / "study" / "plan.py").write_text("cells = 1\n")
+    a = commit("first run", ["r1"])
+    b = commit("second run", ["r1", "r2"])
+    (repo / "diffzoo" / "layer.py").write_text("x = 2\n")  # training code changes after both runs
+    (repo / "diffzoo" / "study" / "plan.py").write_text("cells = 2\n")  # the harness: not training code
+    c = commit("code changed", ["r1", "r2"])
+    git("mv", "rec/cell.json", "rec/renamed.json")  # a cell kept under another name, as the study does
+    git("commit", "-q", "-m", "rename")
+    assert provenance.recorded_at(repo / "rec" / "renamed.json", repo) == {"r1": a, "r2": b}
+    records = json.loads((repo / "rec" / "renamed.json").read_text())
+    records["runs"]["r3"] = {"name": "r3", "code": {"commit": c, "changed": []}}  # stamped, not committed yet
+    records["runs"]["r4"] = {"name": "r4"}  # neither stamped nor committed
+    (repo / "rec" / "renamed.json").write_text(json.dumps(records))
+    groups = {g["commit"]: g for g in provenance.cell_code(repo / "rec", "renamed", repo)}
+    assert groups[a]["how"] == "recorded" and groups[a]["changed_since"] == ["diffzoo/layer.py"]
+    assert groups[c]["how"] == "stamped" and groups[c]["changed_since"] == [] and groups[None]["runs"] == 1
+    lines = provenance.code_lines(repo / "rec", ["renamed", "absent"], repo)
+    assert lines[0] == "renamed: 4 runs, not all from the code there now"
+    assert f"  2 runs recorded at 2 commit(s) ({a[:10]}, {b[:10]}); changed since: diffzoo/layer.py" in lines
+    assert f"  1 runs trained at 1 commit(s) ({c[:10]}); unchanged since" in lines
+    assert not any(line.startswith("absent") for line in lines)  # a cell with no records says nothing

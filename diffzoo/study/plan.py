@@ -695,7 +695,9 @@ def plot_headline(result: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("run", "status", "report"))
+    p.add_argument("command", choices=("run", "status", "report", "code"),
+                   help="run the cells; status: runs recorded and time left; report: the tables and plots; code: "
+                        "which code trained each cell's runs and what of it changed since")
     p.add_argument("--cells", nargs="+", default=None, choices=[c.name for c in CELLS], metavar="CELL",
                    help=f"cells to run or report, in this order (default: all, in order: {', '.join(c.name for c in CELLS)})")
     p.add_argument("--jobs", type=int, default=2, help="trainings at once (one process each; default 2)")
@@ -725,6 +727,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
     elif args.command == "status":
         print("\n".join(status_lines(args.records, cells)))
+    elif args.command == "code":
+        from .provenance import code_lines, repository_root
+
+        print("\n".join(code_lines(args.records, [c.name for c in cells], repository_root(args.records))))
     else:
         result = headline(args.records, cells)
         args.records.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,122 @@
+"""Which code trained a study's runs, and what of it has changed since: ``python -m recipes.study code``.
+
+A run's own record says it when it has ``code`` (:func:`diffzoo.study.runs.code_stamp`): the commit it was
+trained at and the training files that differed from that commit then. A run recorded before that field
+existed is dated by the first commit of its records file that holds it: the code committed then is the newest
+code that can have trained it (a run is trained before it is recorded, so older code may have trained it).
+
+For each commit found, the files under ``diffzoo/`` and ``recipes/`` that differ between it and the working
+tree are listed, less the study harness itself (:data:`HARNESS`: the sweep, the plan and the CLIs, which do
+not enter a training; the arguments they give a training are in the records and a sweep refuses to mix runs
+made with other ones). A cell whose runs all come from commits with no such difference was trained by the
+code that is there now.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from .runs import CODE_PATHS
+
+HARNESS = ("diffzoo/study/", "recipes/study.py", "recipes/sweep.py")
+
+
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(root), "--no-optional-locks", *args], capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def recorded_at(path: Path, root: Path) -> dict[str, str]:
+    """Run name -> the first commit whose version of the records file ``path`` (followed through renames)
+    holds that run; runs in no commit (recorded since the last one) are absent."""
+    # newest first: git's --follow does not combine with --reverse
+    log = _git(root, "log", "--follow", "--format=commit %H", "--name-only", "--",
+               str(Path(path).resolve().relative_to(root.resolve())))
+    versions: list[tuple[str, str]] = []
+    commit = None
+    for line in log.splitlines():
+        if line.startswith("commit "):
+            commit = line.split()[1]
+        elif line.strip() and commit is not None:
+            versions.append((commit, line.strip()))
+    first: dict[str, str] = {}
+    for commit, name in reversed(versions):
+        try:
+            runs = json.loads(_git(root, "show", f"{commit}:{name}")).get("runs") or {}
+        except (RuntimeError, json.JSONDecodeError):
+            continue  # a version that was deleted or is not a records file
+        for run in runs:
+            first.setdefault(run, commit)
+    return first
+
+
+def changed_since(commit: str, root: Path) -> list[str]:
+    """Files under ``diffzoo/`` and ``recipes/`` that differ between ``commit`` and the working tree, less the
+    study harness (:data:`HARNESS`)."""
+    names = _git(root, "diff", "--name-only", commit, "--", *CODE_PATHS).split()
+    return [n for n in names if not n.startswith(HARNESS)]
+
+
+def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
+    """The runs of one cell's records grouped by the code that trained them: per commit, ``{"commit", "how"
+    ("stamped" or "recorded"), "runs", "changed_then" (stamped runs: training files that differed from the commit
+    when they ran), "changed_since"}``; runs with neither a stamp nor a commit have ``commit`` None."""
+    path = Path(records) / f"{cell}.json"
+    runs = (json.loads(path.read_text()).get("runs") or {}) if path.is_file() else {}
+    dated = recorded_at(path, root) if runs else {}
+    groups: Counter = Counter()
+    then: dict[tuple, set] = {}
+    for name, run in runs.items():
+        stamp = run.get("code") or {}
+        key = (stamp["commit"], "stamped") if stamp.get("commit") else (dated.get(name), "recorded")
+        groups[key] += 1
+        then.setdefault(key, set()).update(c for c in stamp.get("changed", []) if not c.startswith(HARNESS))
+    out = []
+    for (commit, how), n in sorted(groups.items(), key=lambda kv: -kv[1]):
+        out.append({"commit": commit, "how": how, "runs": n, "changed_then": sorted(then[(commit, how)]),
+                    "changed_since": changed_since(commit, root) if commit else None})
+    return out
+
+
+def repository_root(where: Path | None = None) -> Path:
+    """The top of the git checkout holding ``where`` (default: the working directory)."""
+    return Path(_git(Path(where or Path.cwd()), "rev-parse", "--show-toplevel").strip())
+
+
+def code_lines(records: Path, cells: Sequence[str], root: Path) -> list[str]:
+    """``python -m recipes.study code``: per cell with runs, whether the code there now can have trained them,
+    and the training files that changed since, runs with the same changes counted together."""
+    lines = []
+    for cell in cells:
+        groups = cell_code(records, cell, root)
+        if not groups:
+            continue
+        same = all(g["commit"] and not g["changed_since"] and not g["changed_then"] for g in groups)
+        stamped = all(g["how"] == "stamped" for g in groups)
+        verdict = ("trained by the code there now" if same and stamped else
+                   "recorded with the code there now (dated by their records' commits: older code may have trained "
+                   "some)" if same else "not all from the code there now")
+        lines.append(f"{cell}: {sum(g['runs'] for g in groups)} runs, {verdict}")
+        merged: dict[tuple, list[dict]] = {}
+        for g in groups:
+            key = (g["how"], g["commit"] is None, tuple(g["changed_then"]), tuple(g["changed_since"] or ()))
+            merged.setdefault(key, []).append(g)
+        for (how, undated, then, since), gs in merged.items():
+            n = sum(g["runs"] for g in gs)
+            if undated:
+                lines.append(f"  {n} runs in no commit yet and without a code stamp")
+                continue
+            commits = [g["commit"][:10] for g in gs]
+            text = (f"  {n} runs {'trained' if how == 'stamped' else 'recorded'} at {len(commits)} commit(s) "
+                    f"({', '.join(commits[:3])}{', ...' if len(commits) > 3 else ''})")
+            if then:
+                text += f"; uncommitted then: {', '.join(then)}"
+            lines.append(text + (f"; changed since: {', '.join(since)}" if since else "; unchanged since"))
+    return lines
