@@ -695,9 +695,10 @@ def plot_headline(result: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=("run", "status", "report", "code"),
+    p.add_argument("command", choices=("run", "status", "report", "code", "verify"),
                    help="run the cells; status: runs recorded and time left; report: the tables and plots; code: "
-                        "which code trained each cell's runs and what of it changed since")
+                        "which code trained each cell's runs and what of it changed since; verify: train one "
+                        "recorded run per variant again with the code there now and compare its metrics")
     p.add_argument("--cells", nargs="+", default=None, choices=[c.name for c in CELLS], metavar="CELL",
                    help=f"cells to run or report, in this order (default: all, in order: {', '.join(c.name for c in CELLS)})")
     p.add_argument("--jobs", type=int, default=2, help="trainings at once (one process each; default 2)")
@@ -709,6 +710,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--page", type=Path, default=None,
                    help=f"report: also write the headline table into this markdown page, between its lines "
                         f"{PAGE_START} and {PAGE_END} (the study's page: docs/results.md; default: none)")
+    p.add_argument("--variants", nargs="+", default=list(MAIN), metavar="VARIANT",
+                   help=f"verify: the variants whose first final run (a budget check: seed 0) is trained again "
+                        f"(default: {' '.join(MAIN)})")
     args = p.parse_args(argv)
     by_name = {c.name: c for c in CELLS}
     cells = list(CELLS) if args.cells is None else [by_name[n] for n in dict.fromkeys(args.cells)]  # in the order given
@@ -727,6 +731,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
     elif args.command == "status":
         print("\n".join(status_lines(args.records, cells)))
+    elif args.command == "verify":
+        from .provenance import verify_lines
+
+        print("\n".join(verify_lines(args.records, [c.name for c in cells], args.variants)))
     elif args.command == "code":
         from .provenance import code_lines, repository_root
 
