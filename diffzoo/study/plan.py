@@ -734,7 +734,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "verify":
         from .provenance import verify_lines
 
-        print("\n".join(verify_lines(args.records, [c.name for c in cells], args.variants)))
+        for cell in cells:  # each cell's outcome as soon as it is known
+            lines = verify_lines(args.records, [cell.name], args.variants)
+            if lines:
+                print("\n".join(lines), flush=True)
     elif args.command == "code":
         from .provenance import code_lines, repository_root
 
