@@ -257,6 +257,7 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
     mean time scaled by the epochs), and counts the planned runs (with the grid extensions recorded so far)."""
     lines = []
     total, unknown = 0.0, []
+    width = max((len(c.name) for c in cells), default=0)
     for cell in cells:
         rec = load(records, cell)
         runs = list((rec.get("runs") or {}).values())
@@ -278,7 +279,7 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
             tail = ""
             if left and not rec.get("quick"):
                 unknown.append(cell.name)
-        lines.append(f"{cell.name:12s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
+        lines.append(f"{cell.name:{width}s} grid {grid:3d}, final {final:3d} of {cell.final_seeds * len(cell.variants)} "
                      f"(planned about {planned} runs), {hours:.2f} CPU-thread hours" + tail)
     said = []
     if total:
