@@ -380,6 +380,16 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("speech-40ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
     assert rows["diff"]["flat_longer"] and not rows["softmax"]["flat_longer"] and not rows["diff_v2_matched"]["flat_longer"]
+    # the cells whose first final softmax run was trained again with today's code, every metric identical
+    verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
+    named = ["mqar", "lm-2k", "vit-40ep", "cluttered-30ep", "lm", "clip-40ep", "vit"]
+    assert f"`{'`, `'.join(named[:-1])}` and `{named[-1]}` was trained again" in page
+    rows = []
+    for name in named:
+        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+        first = min((r for r in plan.final_runs(record) if r["variant"] == "softmax"), key=lambda r: r["seed"])
+        rows += verified[name][first["name"]]["rows"]
+    assert all(r["identical"] for r in rows) and f"({len(rows)} metrics;" in page
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
