@@ -420,7 +420,9 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
                          + speech_voice_table(voices))
     gaps = gap_by_budget(result, cells)
     if gaps:
-        parts.append("### The gap against the budget: each task's cells at more than one budget\n\n" + gap_table(gaps))
+        parts.append("### The gap against the budget: each task's cells at more than one budget\n\n" + gap_table(gaps)
+                     + "\n\nEach difference is the variant minus softmax in the row's metric (Welch 95 % CI): for an "
+                       "accuracy or recall a positive one favours the variant, for a loss a negative one does.")
     checks = budget_checks(records, cells)
     if checks:
         parts.append("### Budget check: seed 0 at each variant's best lr, trained longer (column `longer`: how many times the budget)\n\n"
