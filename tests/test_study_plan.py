@@ -539,6 +539,7 @@ def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_p
     assert f"  2 runs recorded at 2 commit(s) ({a[:10]}, {b[:10]}); changed since: diffzoo/layer.py" in lines
     assert f"  1 runs trained at 1 commit(s) ({c[:10]}); unchanged since" in lines
     assert not any(line.startswith("absent") for line in lines)  # a cell with no records says nothing
+    assert provenance.recorded_at(tmp_path / "elsewhere.json", repo) == {}  # records outside the checkout
 
 
 def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_path, monkeypatch):

@@ -36,9 +36,12 @@ def _git(root: Path, *args: str) -> str:
 def recorded_at(path: Path, root: Path) -> dict[str, str]:
     """Run name -> the first commit whose version of the records file ``path`` (followed through renames)
     holds that run; runs in no commit (recorded since the last one) are absent."""
+    try:
+        inside = Path(path).resolve().relative_to(root.resolve())
+    except ValueError:  # records outside the checkout: no history to date them by
+        return {}
     # newest first: git's --follow does not combine with --reverse
-    log = _git(root, "log", "--follow", "--format=commit %H", "--name-only", "--",
-               str(Path(path).resolve().relative_to(root.resolve())))
+    log = _git(root, "log", "--follow", "--format=commit %H", "--name-only", "--", str(inside))
     versions: list[tuple[str, str]] = []
     commit = None
     for line in log.splitlines():
