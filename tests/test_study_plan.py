@@ -390,6 +390,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         first = min((r for r in plan.final_runs(record) if r["variant"] == "softmax"), key=lambda r: r["seed"])
         rows += verified[name][first["name"]]["rows"]
     assert all(r["identical"] for r in rows) and f"({len(rows)} metrics;" in page
+    named, rows = ["mqar", "lm-2k", "vit-40ep", "cluttered-30ep"], []  # and V1's, on the cells the page names
+    assert f"V1's first final run of `{'`, `'.join(named[:-1])}` and `{named[-1]}`" in page
+    for name in named:
+        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+        first = min((r for r in plan.final_runs(record) if r["variant"] == "diff"), key=lambda r: r["seed"])
+        rows += verified[name][first["name"]]["rows"]
+    assert all(r["identical"] for r in rows) and f"`--variants diff`, {len(rows)} metrics" in page
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
