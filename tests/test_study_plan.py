@@ -550,7 +550,7 @@ def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_p
 
 
 def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_path, monkeypatch):
-    from diffzoo.study import provenance, sweep
+    from diffzoo.study import sweep
     from diffzoo.study.recipe import recipe_args
 
     best = {"softmax": 4e-3, "diff": 1e-3}
@@ -569,7 +569,7 @@ def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_pa
         return {"summary": {"metrics": now}}
 
     monkeypatch.setattr(sweep, "train_run", train_run)
-    lines = provenance.verify_lines(tmp_path, ["mqar", "vit"], ["softmax", "diff"], out=tmp_path / "again")
+    lines = plan.verify_lines(tmp_path, ["mqar", "vit"], ["softmax", "diff"], out=tmp_path / "again")
     assert trained == [("softmax", 4e-3, sweep.FINAL_SEED, False, []), ("diff", 1e-3, sweep.FINAL_SEED, False, [])]
     assert lines[0] == "mqar: 3 of 4 metrics identical over 2 runs trained again"
     assert lines[1].startswith(f"  {run_name('diff', 1e-3, sweep.FINAL_SEED)} test/acc: recorded 0.8, now 0.80000")
@@ -577,10 +577,10 @@ def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_pa
     soft, v1 = run_name("softmax", 4e-3, sweep.FINAL_SEED), run_name("diff", 1e-3, sweep.FINAL_SEED)
     assert [r["identical"] for r in saved[soft]["rows"]] == [True, True] and saved[soft]["code"]["torch"]
     assert [r["identical"] for r in saved[v1]["rows"]] == [False, True]  # test/acc, val/acc
-    provenance.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")  # again, softmax only
+    plan.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")  # again, softmax only
     assert set(json.loads((tmp_path / "verify.json").read_text())["mqar"]) == {soft, v1}  # V1's entry kept
     record["fixed"] = ["--other", "arguments"]  # records made with other recipe arguments are not retrained
     (tmp_path / "mqar.json").write_text(json.dumps(record))
     trained.clear()
-    lines = provenance.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")
+    lines = plan.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")
     assert trained == [] and "the records were made with ['--other', 'arguments']" in lines[1]

@@ -695,6 +695,74 @@ def plot_headline(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+VERIFY_FILE = "verify.json"
+
+
+def verify_cell(records: Path, cell_name: str, variants: Sequence[str], out: Path) -> list[dict]:
+    """Train the runs :func:`verify_choice` picks again with the code there now (into ``out``) and compare
+    every metric the record holds with what the new run gives: ``{"run", "metric", "recorded", "now",
+    "identical"}`` per metric, or one row with ``"error"`` when the cell cannot be trained again as recorded."""
+    import dataclasses
+
+    from .provenance import verify_choice
+    from .recipe import recipe_args
+    from .sweep import train_run
+
+    cell = next(c for c in CELLS if c.name == cell_name)
+    record = load(records, cell)
+    family = FAMILIES[cell.family]
+    assert family.budget is not None, f"family {cell.family} has no study budget"
+    family = dataclasses.replace(family, budget=dataclasses.replace(family.budget, epochs=cell_epochs(cell)))
+    fixed = [*family.base_args, *recipe_args(family.budget)]
+    extra = [*cell.size_args, *cell.extra]
+    if record.get("fixed", fixed) != fixed or record.get("extra", []) != extra:
+        return [{"run": None, "error": f"the records were made with {record.get('fixed')} {record.get('extra')}, "
+                                       f"the cell now trains with {fixed} {extra}"}]
+    rows = []
+    for old in verify_choice(record, [v for v in variants if v in cell.variants]):
+        new = train_run(family, out / cell.name, old["variant"], old["lr"], old["seed"], False, extra)
+        before = (old.get("summary") or {}).get("metrics") or {}
+        after = (new.get("summary") or {}).get("metrics") or {}
+        for metric in sorted(k for k in before if k.startswith(("val/", "test/"))):
+            a, b = before[metric], after.get(metric)
+            rows.append({"run": old["name"], "metric": metric, "recorded": a, "now": b, "identical": a == b})
+        if new.get("failed"):
+            rows.append({"run": old["name"], "error": new["failed"]})
+    return rows
+
+
+def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
+                 out: Path = Path("outputs/study-verify")) -> list[str]:
+    """``python -m recipes.study verify``: train each cell's chosen runs again (:func:`verify_cell`), add what
+    was found to ``<records>/verify.json`` (per cell and run trained again: when, the code stamp, the rows;
+    a later call replaces a run's entry and keeps the others) and say it."""
+    from .runs import code_stamp
+
+    path = Path(records) / VERIFY_FILE
+    lines = []
+    for cell in cells:
+        if not (Path(records) / f"{cell}.json").is_file():
+            continue
+        rows = verify_cell(records, cell, variants, out)
+        if not rows:
+            continue
+        found = json.loads(path.read_text()) if path.is_file() else {}
+        when, code = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), code_stamp()
+        for run in dict.fromkeys(r["run"] for r in rows):  # per run trained again: the latest outcome
+            found.setdefault(cell, {})[run or "(cell)"] = {"when": when, "code": code,
+                                                           "rows": [r for r in rows if r["run"] == run]}
+        path.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        errors = [r for r in rows if "error" in r]
+        same = [r for r in rows if r.get("identical")]
+        compared = [r for r in rows if "identical" in r]
+        lines.append(f"{cell}: {len(same)} of {len(compared)} metrics identical over "
+                     f"{len({r['run'] for r in compared})} runs trained again" + (f"; {len(errors)} errors" if errors else ""))
+        lines += [f"  {r['run']} {r['metric']}: recorded {r['recorded']!r}, now {r['now']!r}"
+                  for r in compared if not r["identical"]]
+        lines += [f"  {r['run'] or cell}: {r['error']}" for r in errors]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m recipes.study", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -735,8 +803,6 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "status":
         print("\n".join(status_lines(args.records, cells)))
     elif args.command == "verify":
-        from .provenance import verify_lines
-
         for cell in cells:  # each cell's outcome as soon as it is known
             lines = verify_lines(args.records, [cell.name], args.variants)
             if lines:
