@@ -382,20 +382,21 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert rows["diff"]["flat_longer"] and not rows["softmax"]["flat_longer"] and not rows["diff_v2_matched"]["flat_longer"]
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
-    named = ["mqar", "lm-2k", "vit-40ep", "cluttered-30ep", "lm", "clip-40ep", "vit"]
-    assert f"`{'`, `'.join(named[:-1])}` and `{named[-1]}` was trained again" in page
-    rows = []
-    for name in named:
-        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
-        first = min((r for r in plan.final_runs(record) if r["variant"] == "softmax"), key=lambda r: r["seed"])
-        rows += verified[name][first["name"]]["rows"]
+
+    def verified_rows(named: list[str], variant: str) -> tuple[list[dict], str]:
+        """verify.json's rows of ``variant``'s first final run in each named cell, and the page's list of them."""
+        rows = []
+        for name in named:
+            record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+            first = min((r for r in plan.final_runs(record) if r["variant"] == variant), key=lambda r: r["seed"])
+            rows += verified[name][first["name"]]["rows"]
+        return rows, f"`{'`, `'.join(named[:-1])}` and `{named[-1]}`"
+
+    rows, listed = verified_rows(["mqar", "lm-2k", "vit-40ep", "cluttered-30ep", "lm", "clip-40ep", "vit"], "softmax")
+    assert f"{listed} was trained again" in page
     assert all(r["identical"] for r in rows) and f"({len(rows)} metrics;" in page
-    named, rows = ["mqar", "lm-2k", "vit-40ep", "cluttered-30ep"], []  # and V1's, on the cells the page names
-    assert f"V1's first final run of `{'`, `'.join(named[:-1])}` and `{named[-1]}`" in page
-    for name in named:
-        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
-        first = min((r for r in plan.final_runs(record) if r["variant"] == "diff"), key=lambda r: r["seed"])
-        rows += verified[name][first["name"]]["rows"]
+    rows, listed = verified_rows(["mqar", "lm-2k", "vit-40ep", "cluttered-30ep"], "diff")  # and V1's
+    assert f"V1's first final run of {listed}" in page
     assert all(r["identical"] for r in rows) and f"`--variants diff`, {len(rows)} metrics" in page
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}

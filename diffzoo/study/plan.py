@@ -347,14 +347,17 @@ def _mean_cell(by: dict[str, dict], digits: int):
     return cell
 
 
+def _with_ci(c: dict, digits: int) -> str:
+    """A comparison's difference and its 95 % interval: ``+1.09 [-0.35, 2.52]``."""
+    return f"{c['diff']:+.{digits}f} [{fmt(c['ci_low'], digits)}, {fmt(c['ci_high'], digits)}]"
+
+
 def _diff_cell(by: dict[str, dict], digits: int):
     def cell(v: str) -> str:
         r = by.get(v)
         if r is None or "vs" not in r:
             return "–"
-        c = r["vs"]
-        return (f"{c['diff']:+.{digits}f} [{fmt(c['ci_low'], digits)}, {fmt(c['ci_high'], digits)}], "
-                f"{fmt_p(c['p_perm'])}, {fmt_p(r.get('p_holm_study'))}")
+        return f"{_with_ci(r['vs'], digits)}, {fmt_p(r['vs']['p_perm'])}, {fmt_p(r.get('p_holm_study'))}"
     return cell
 
 
@@ -542,9 +545,7 @@ def gap_table(rows: list[dict]) -> str:
         digits = 2 if r["scale"] != 1.0 else 3
 
         def diff(v: str, r: dict = r, digits: int = digits) -> str:
-            c = r["vs"].get(v)
-            return "–" if c is None else (f"{c['diff']:+.{digits}f} [{fmt(c['ci_low'], digits)}, "
-                                          f"{fmt(c['ci_high'], digits)}]")
+            return "–" if v not in r["vs"] else _with_ci(r["vs"][v], digits)
 
         lines.append(f"| {r['family']} ({r['metric']}) | {r['cell']} | {r['budget']} | {diff(MAIN[1])} | "
                      f"{diff(MAIN[2])} |")
@@ -702,18 +703,13 @@ def verify_cell(records: Path, cell_name: str, variants: Sequence[str], out: Pat
     """Train the runs :func:`verify_choice` picks again with the code there now (into ``out``) and compare
     every metric the record holds with what the new run gives: ``{"run", "metric", "recorded", "now",
     "identical"}`` per metric, or one row with ``"error"`` when the cell cannot be trained again as recorded."""
-    import dataclasses
-
     from .provenance import verify_choice
-    from .recipe import recipe_args
-    from .sweep import train_run
+    from .sweep import fixed_args, train_run, with_epochs
 
     cell = next(c for c in CELLS if c.name == cell_name)
     record = load(records, cell)
-    family = FAMILIES[cell.family]
-    assert family.budget is not None, f"family {cell.family} has no study budget"
-    family = dataclasses.replace(family, budget=dataclasses.replace(family.budget, epochs=cell_epochs(cell)))
-    fixed = [*family.base_args, *recipe_args(family.budget)]
+    family = with_epochs(FAMILIES[cell.family], cell_epochs(cell))  # the family as the cell's sweep trains it
+    fixed = fixed_args(family)
     extra = [*cell.size_args, *cell.extra]
     if record.get("fixed", fixed) != fixed or record.get("extra", []) != extra:
         return [{"run": None, "error": f"the records were made with {record.get('fixed')} {record.get('extra')}, "

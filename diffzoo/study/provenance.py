@@ -15,22 +15,14 @@ code that is there now.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections import Counter
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
-from .runs import CODE_PATHS
+from .runs import CODE_PATHS, git
 
 HARNESS = ("diffzoo/study/", "recipes/study.py", "recipes/sweep.py")
-
-
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(root), "--no-optional-locks", *args], capture_output=True, text=True,
-                          timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
-    return done.stdout
 
 
 def recorded_at(path: Path, root: Path) -> dict[str, str]:
@@ -41,7 +33,7 @@ def recorded_at(path: Path, root: Path) -> dict[str, str]:
     except ValueError:  # records outside the checkout: no history to date them by
         return {}
     # newest first: git's --follow does not combine with --reverse
-    log = _git(root, "log", "--follow", "--format=commit %H", "--name-only", "--", str(inside))
+    log = git(root, "log", "--follow", "--format=commit %H", "--name-only", "--", str(inside))
     versions: list[tuple[str, str]] = []
     commit = None
     for line in log.splitlines():
@@ -52,7 +44,7 @@ def recorded_at(path: Path, root: Path) -> dict[str, str]:
     first: dict[str, str] = {}
     for commit, name in reversed(versions):
         try:
-            runs = json.loads(_git(root, "show", f"{commit}:{name}")).get("runs") or {}
+            runs = json.loads(git(root, "show", f"{commit}:{name}")).get("runs") or {}
         except (RuntimeError, json.JSONDecodeError):
             continue  # a version that was deleted or is not a records file
         for run in runs:
@@ -60,11 +52,12 @@ def recorded_at(path: Path, root: Path) -> dict[str, str]:
     return first
 
 
-def changed_since(commit: str, root: Path) -> list[str]:
+@cache  # many cells share the commits their runs were recorded at
+def changed_since(commit: str, root: Path) -> tuple[str, ...]:
     """Files under ``diffzoo/`` and ``recipes/`` that differ between ``commit`` and the working tree, less the
     study harness (:data:`HARNESS`)."""
-    names = _git(root, "diff", "--name-only", commit, "--", *CODE_PATHS).split()
-    return [n for n in names if not n.startswith(HARNESS)]
+    names = git(root, "diff", "--name-only", commit, "--", *CODE_PATHS).split()
+    return tuple(n for n in names if not n.startswith(HARNESS))
 
 
 def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
@@ -84,13 +77,13 @@ def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
     out = []
     for (commit, how), n in sorted(groups.items(), key=lambda kv: -kv[1]):
         out.append({"commit": commit, "how": how, "runs": n, "changed_then": sorted(then[(commit, how)]),
-                    "changed_since": changed_since(commit, root) if commit else None})
+                    "changed_since": list(changed_since(commit, root)) if commit else None})
     return out
 
 
 def repository_root(where: Path | None = None) -> Path:
     """The top of the git checkout holding ``where`` (default: the working directory)."""
-    return Path(_git(Path(where or Path.cwd()), "rev-parse", "--show-toplevel").strip())
+    return Path(git(Path(where or Path.cwd()), "rev-parse", "--show-toplevel").strip())
 
 
 def code_lines(records: Path, cells: Sequence[str], root: Path) -> list[str]:

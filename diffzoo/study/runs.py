@@ -16,6 +16,19 @@ from pathlib import Path
 CODE_PATHS = ("diffzoo", "recipes")  # what a training imports from this repository
 
 
+def git(root: Path, *args: str) -> str:
+    """The output of ``git -C root <args>`` (taking no optional lock: it runs beside commits of the records);
+    RuntimeError when git is missing or the command fails."""
+    try:
+        done = subprocess.run(["git", "-C", str(root), "--no-optional-locks", *args], capture_output=True,
+                              text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"git {' '.join(args)} could not run in {root}: {e}") from e
+    if done.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {root}: {done.stderr.strip()}")
+    return done.stdout
+
+
 def code_stamp(root: Path | None = None) -> dict:
     """What code trains a run: the repository's commit, the files under :data:`CODE_PATHS` that differ from it
     (changed, added or deleted, as ``git status`` lists them), and the versions of torch and Lightning. With no
@@ -24,25 +37,21 @@ def code_stamp(root: Path | None = None) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout if done.returncode == 0 else None
-
-    top = git("rev-parse", "--show-toplevel")  # the checkout this package was imported from, not one around it
-    commit = git("rev-parse", "HEAD") if top and Path(top.strip()).resolve() == root.resolve() else None
-    changed = git("--no-optional-locks", "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) if commit else None
+    commit, changed = None, []
+    try:  # only the checkout this package was imported from, not one around it
+        if Path(git(root, "rev-parse", "--show-toplevel").strip()).resolve() == root.resolve():
+            commit = git(root, "rev-parse", "HEAD").strip()
+            status = git(root, "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS)
+            changed = sorted(line[3:] for line in status.splitlines())
+    except RuntimeError:
+        commit, changed = None, []
     versions = {}
     for package in ("torch", "lightning"):
         try:
             versions[package] = version(package)
         except PackageNotFoundError:
             versions[package] = None
-    return {"commit": commit.strip() if commit else None,
-            "changed": sorted(line[3:] for line in changed.splitlines()) if changed else [], **versions}
+    return {"commit": commit, "changed": changed, **versions}
 
 
 def recipe_command(recipe: str, out: Path, name: str, args: Sequence[str]) -> list[str]:

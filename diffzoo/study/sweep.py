@@ -77,11 +77,23 @@ from .tables import (
 FINAL_SEED = 100  # seeds of final runs start here; the grid's (0, 1, ...) never score the test set
 
 
+def with_epochs(family: Family, epochs: int) -> Family:
+    """``family`` with its study budget set to ``epochs`` (``--epochs``; a cell with a budget of its own)."""
+    assert family.budget is not None, f"{family.recipe} has no study budget to change"
+    return dataclasses.replace(family, budget=dataclasses.replace(family.budget, epochs=epochs))
+
+
+def fixed_args(family: Family) -> list[str]:
+    """The recipe arguments every run of ``family`` gets: its own, then the study recipe's for its budget. A
+    records file remembers them, and runs made with others are never mixed into it."""
+    return [*family.base_args, *(recipe_args(family.budget) if family.budget else ())]
+
+
 def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, quick: bool, extra: Sequence[str],
               knob: tuple[str, str] | None = None) -> dict:
     """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health."""
     name = run_name(variant, lr, seed, knob)
-    args = [*family.base_args, *(recipe_args(family.budget) if family.budget else ()), *family.variants[variant],
+    args = [*fixed_args(family), *family.variants[variant],
             "--model.lr", lr_tag(lr), *family.seed_args(seed), *family.monitor_args,
             *(family.no_test_args if seed < FINAL_SEED else ()), *(family.quick if quick else ()),
             *(("--" + knob[0], knob[1]) if knob else ()), *extra]
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.epochs is not None:
         if family.budget is None:
             p.error(f"--epochs: family {args.family} has no study budget to change")
-        family = dataclasses.replace(family, budget=dataclasses.replace(family.budget, epochs=args.epochs))
+        family = with_epochs(family, args.epochs)
     variants = args.variants or [v for v in family.default_variants if v in family.variants]
     unknown = [v for v in variants if v not in family.variants]
     if unknown:
@@ -251,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results = _load(results_path)
     cache: dict[str, dict] = {} if args.fresh else dict(results.get("runs", {}))
-    fixed = [*family.base_args, *(recipe_args(family.budget) if family.budget else ())]
+    fixed = fixed_args(family)
     made_with = {"extra": results.get("extra", []), "quick": results.get("quick", False),
                  "fixed": results.get("fixed", fixed)}
     wanted = {"extra": list(extra), "quick": args.quick, "fixed": fixed}
