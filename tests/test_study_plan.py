@@ -134,15 +134,22 @@ def test_headline_applies_one_holm_over_every_cell(tmp_path):
     (tmp_path / "mqar.json").write_text(json.dumps(mqar))
     (tmp_path / "lm.json").write_text(json.dumps(lm))
     (tmp_path / "cluttered.json").write_text(json.dumps(cluttered))
-    cells = [c for c in plan.CELLS if c.name in ("mqar", "lm", "vit", "cluttered")]
+    (tmp_path / "lm-2k.json").write_text(json.dumps(lm))  # the LM at its earlier budget: not in the family
+    cells = [c for c in plan.CELLS if c.name in ("mqar", "lm", "vit", "cluttered", "lm-2k")]
     result = plan.headline(tmp_path, cells)
     assert result["cells"]["vit"] is None and result["comparisons"] == 4  # a cell half-way compares nothing
+    assert result["earlier"] == ["lm-2k"] and result["comparisons_earlier"] == 2
+    earlier = [r for r in result["cells"]["lm-2k"]["rows"] if "vs" in r]  # a Holm of its own, over its 2 rows
+    assert [r["p_holm_study"] for r in earlier] == pytest.approx(holm([r["vs"]["p_perm"] for r in earlier]))
     rows = [r for c in ("mqar", "lm") for r in result["cells"][c]["rows"] if "vs" in r]
     assert [r["p_holm_study"] for r in rows] == pytest.approx(holm([r["vs"]["p_perm"] for r in rows]))
     # Holm over 4 comparisons is stricter than Holm within one table of 2
     assert min(r["p_holm_study"] for r in rows) == pytest.approx(4 * min(r["vs"]["p_perm"] for r in rows))
     table = plan.headline_table(result)
     assert "| vit | not run yet |" in table and "+10.00 [" in table and "+0.100 [" in table
+    assert "lm-2k" not in table and "| lm-2k (test/loss) |" in plan.headline_table(result, earlier=True)
+    block = plan.earlier_block(result)
+    assert block.startswith(plan.EARLIER_TITLE) and "\n\n2 comparisons; p Holm here" in block
     assert "| 24, 0.4 | `python -m recipes.study run --cells lm` |" in table  # each row: its runs, hours, command
     assert "| cluttered | running: 6 runs recorded, 6 of 24 main final runs |" in table
     assert all(p["flat"] for r in rows for p in r["plateau"])
@@ -398,6 +405,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, listed = verified_rows(["mqar", "lm-2k", "vit-40ep", "cluttered-30ep"], "diff")  # and V1's
     assert f"V1's first final run of {listed}" in page
     assert all(r["identical"] for r in rows) and f"`--variants diff`, {len(rows)} metrics" in page
+    # what the prose says survives Holm: exactly these comparisons, each in its own family (study or earlier budgets)
+    full = plan.headline(root / plan.RECORDS, plan.CELLS)
+    survives = {(name, r["variant"]) for name, c in full["cells"].items() if c for r in c["rows"]
+                if r.get("p_holm_study", 1.0) < 0.05}
+    assert survives == {("lm-2k", "diff"), ("cluttered-30ep", "diff")}, survives
+    assert page.count("significant after Holm's correction over the earlier-budget rows") == 2
+    assert "significant after the study's Holm" not in page  # no row of the study's family survives it yet
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}

@@ -62,6 +62,9 @@ class Cell:
     lr_from: str | None = None  # size-trend cells: each variant's grid is centred on its best lr in this cell
     epochs_factor: float | None = None  # budget checks: one grid seed at lr_from's best lr, this times the budget
     epochs: int | None = None  # a budget of its own (a size that needs longer to reach a plateau)
+    # the task at a budget the study later found too short, replaced by this cell: reported in a table of its own,
+    # outside the study's Holm family (which holds each task at its final budget only)
+    superseded_by: str | None = None
 
     @property
     def lrs(self) -> list[float]:
@@ -100,21 +103,21 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     # ViT digits at half its budget: the first ViT cell ran 40 epochs, and its budget check gained 1.1-1.3 points
     # of validation top-1 for every variant at 80, so the task's budget became 80 and this cell stays as the
     # same comparison at half the budget (does the gap depend on the budget?)
-    Cell("vit-40ep", "vit", MAIN, epochs=40),
+    Cell("vit-40ep", "vit", MAIN, epochs=40, superseded_by="vit"),
     # the LM at half its budget, for the same reason: at 2,000 steps its check gained 0.016 / 0.035 nats of
     # validation loss for softmax / V1 at 4,000 (V2 lost 0.011), halving seed 0's V1 - softmax gap, so the
     # task's budget became 4,000 steps, where all three curves are flat
-    Cell("lm-2k", "lm", MAIN, epochs=20),
+    Cell("lm-2k", "lm", MAIN, epochs=20, superseded_by="lm"),
     # CLIP at half its budget, for the same reason: every 40-epoch final run met the plateau rule, but the
     # check gained 3.2 / 6.0 / 13.0 points of validation mean recall for softmax / V1 / V2 at 80 epochs (all
     # three flat there), so the task's budget became 80 epochs
-    Cell("clip-40ep", "clip", MAIN, epochs=40),
+    Cell("clip-40ep", "clip", MAIN, epochs=40, superseded_by="clip"),
     # speech at half its budget: at 40 epochs its check gained 3.1 / 8.6 / 4.2 points of validation top-1 for
     # softmax / V1 / V2 at 80 (V1, the most), so the task's budget became 80 epochs
-    Cell("speech-40ep", "speech", MAIN, epochs=40),
+    Cell("speech-40ep", "speech", MAIN, epochs=40, superseded_by="speech"),
     # cluttered digits at 30 epochs, the task's first budget: its check gained 12.6 / 10.6 / 7.0 points of
     # validation top-1 for softmax / V1 / V2 at 60 epochs, with softmax and V1 still rising there
-    Cell("cluttered-30ep", "cluttered", MAIN, epochs=30),
+    Cell("cluttered-30ep", "cluttered", MAIN, epochs=30, superseded_by="cluttered"),
     # what each budget leaves on the table: seed 0 of every main variant at its best lr for twice as long
     *(_check(name) for name in ("vit", "mqar", "speech", "clip", "lm", "needle")),
     _check("cluttered", extra=CLUTTERED_K),
@@ -292,17 +295,22 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
 
 
 def headline(records: Path, cells: Sequence[Cell]) -> dict:
-    """Every finished cell's comparisons with softmax (and its ablations), one Holm over all of them."""
-    out: dict = {"cells": {}, "recipe": RECIPE.describe()}
-    compared: list[dict] = []
+    """Every finished cell's comparisons with softmax (and its ablations). One Holm runs over the comparisons of
+    the cells at each task's final budget (the study's family, ``comparisons``); the cells a longer budget
+    superseded (listed in ``earlier``) get a Holm of their own (``comparisons_earlier``)."""
+    out: dict = {"cells": {}, "recipe": RECIPE.describe(), "earlier": []}
+    family_of: dict[bool, list[dict]] = {False: [], True: []}  # superseded or not: the comparisons of each family
     for cell in cells:
         if cell.lr_from is not None:
             continue  # size-trend cells: :func:`size_trend`
         rec = load(records, cell)
         family = FAMILIES[cell.family]
         final, recorded = complete_final_runs(rec, cell)
+        compared = family_of[cell.superseded_by is not None]
         if not any(r["variant"] == "softmax" for r in final) or not rec.get("best"):
             out["cells"][cell.name] = None
+            if cell.superseded_by is not None:
+                out["earlier"].append(cell.name)
             if rec.get("runs"):
                 out.setdefault("running", {})[cell.name] = (
                     f"running: {len(rec['runs'])} runs recorded, {recorded} of "
@@ -311,6 +319,8 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
         seconds = sum(r.get("seconds", 0.0) for r in rec["runs"].values())
         for k, metric in enumerate((family.test_metric or family.val_metric, *family.also_report)):
             key = cell.name if k == 0 else f"{cell.name} ({metric})"
+            if cell.superseded_by is not None:
+                out["earlier"].append(key)
             rows = comparison_rows(family, final, "softmax", metric)
             for r in rows:
                 r["lr"] = rec["best"][r["variant"]]["lr"]
@@ -333,10 +343,12 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
             out["cells"][key] = {"cell": cell.name, "family": cell.family, "metric": metric, "label": family.label, "rows": rows,
                                  "command": f"python -m recipes.study run --cells {cell.name}",
                                  "ablations": ablations, "runs": len(rec["runs"]), "seconds": seconds,
-                                 "higher_is_better": family.higher_is_better, "scale": family.scale}
-    for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
-        r["p_holm_study"] = p
-    out["comparisons"] = len(compared)
+                                 "higher_is_better": family.higher_is_better, "scale": family.scale,
+                                 "superseded_by": cell.superseded_by}
+    for compared in family_of.values():
+        for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
+            r["p_holm_study"] = p
+    out["comparisons"], out["comparisons_earlier"] = len(family_of[False]), len(family_of[True])
     return out
 
 
@@ -361,12 +373,15 @@ def _diff_cell(by: dict[str, dict], digits: int):
     return cell
 
 
-def headline_table(result: dict) -> str:
-    """Markdown: one line per task, the three main variants' means and their differences to softmax."""
+def headline_table(result: dict, earlier: bool = False) -> str:
+    """Markdown: one line per task, the three main variants' means and their differences to softmax; the cells
+    at each task's final budget, or (``earlier``) the cells a longer budget superseded."""
     head = ("| task (metric) | softmax | V1 `diff` | V2 `diff_v2_matched` | V1 - softmax [95 % CI], p perm, p Holm | "
             "V2 - softmax [95 % CI], p perm, p Holm | flat runs | runs, hours | command |")
     lines = [head, "|" + "---|" * 9]
     for name, cell in result["cells"].items():
+        if (name in result["earlier"]) != earlier:
+            continue
         if cell is None:
             lines.append(f"| {name} | {result.get('running', {}).get(name, 'not run yet')} | | | | | | | |")
             continue
@@ -391,10 +406,24 @@ PAGE_START, PAGE_END = "<!-- study-table: start -->", "<!-- study-table: end -->
 def table_note(result: dict) -> str:
     """The sentence under the headline table: how many comparisons, and what its p values and hours are."""
     return (f"{result['comparisons']} comparisons; p perm: exact permutation p of the final seeds' test scores; "
-            "p Holm: Holm's adjustment over all of them. Hours: the row's runs' wall times summed, each run on one "
-            "thread (OMP_NUM_THREADS=1, two runs at a time on 2 cores); the command trains what its records file "
-            "lacks (with the records in the repository it trains nothing; --records DIR with an empty folder "
+            "p Holm: Holm's adjustment over all of them, the study's one family (every task at its final budget, "
+            "with the ablations; not the earlier budgets below). Hours: the row's runs' wall times summed, each run "
+            "on one thread (OMP_NUM_THREADS=1, two runs at a time on 2 cores); the command trains what its records "
+            "file lacks (with the records in the repository it trains nothing; --records DIR with an empty folder "
             "retrains the row).")
+
+
+EARLIER_TITLE = "### Earlier budgets: the same tasks where the study first stopped them (superseded)"
+
+
+def earlier_block(result: dict) -> str:
+    """The cells a longer budget superseded: their table (the same columns) and what their p Holm is."""
+    return (f"{EARLIER_TITLE}\n\nEach row's budget proved too short (its budget check, below, gained on it), so "
+            "the row above with the task's name replaced it; the `cluttered` task also became smaller (two "
+            "fragments per image instead of four). These rows measure how fast each variant fits as much as "
+            "where it ends.\n\n" + headline_table(result, earlier=True)
+            + f"\n\n{result['comparisons_earlier']} comparisons; p Holm here: Holm's adjustment over these rows "
+              "only, outside the study's family.")
 
 
 def page_block(result: dict) -> str:
@@ -413,6 +442,8 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
     parts = [page_block(result)]
     if any(result["cells"].values()):
         parts.append(f"![every final seed's test score per task and variant]({link('headline.png')})")
+    if result["earlier"]:
+        parts.append(earlier_block(result))
     ablations = ablation_table(result)
     if ablations.count("\n") > 1:  # more than the header
         parts.append("### Ablations: each against the variant it changes\n\n" + ablations)
@@ -675,7 +706,7 @@ def plot_headline(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = {k: v for k, v in result["cells"].items() if v}
+    cells = {k: v for k, v in result["cells"].items() if v and k not in result["earlier"]}
     if not cells:
         return
     fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.2), dpi=90, squeeze=False)
