@@ -432,6 +432,33 @@ def test_results_page_table_is_what_the_records_give():
         "docs/results.md's table differs from the records: python -m recipes.study report --page docs/results.md")
 
 
+def test_readme_summary_is_what_the_records_give():
+    """The README's short table is regenerated here from the records, and its reading of it still holds."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    on_page = plan.page_table(root / "README.md", (plan.SUMMARY_START, plan.SUMMARY_END))
+    result = plan.headline(root / plan.RECORDS, plan.CELLS)
+    assert on_page and on_page == plan.summary_block(result), (
+        "README.md's study summary differs from the records: python -m recipes.study report --page docs/results.md "
+        "--summary README.md")
+    final = [r for name, c in result["cells"].items() if c and name not in result["earlier"] for r in c["rows"]
+             if "vs" in r]
+    assert final and "So far no difference between either differential variant and softmax survives" in readme
+    assert all(r["p_holm_study"] >= 0.05 for r in final)  # what that sentence says
+    vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r}
+    assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
+    assert "gap fell to +0.012 nats and ViT digits' from -0.94 to -0.21 points" in readme
+    for name, variant, text in (("lm", "diff", "+0.012"), ("vit-40ep", "diff", "-0.94"), ("vit", "diff", "-0.21"),
+                                ("lm-2k", "diff", "+0.043"), ("cluttered-30ep", "diff", "-12.7")):
+        diff = next(r for r in result["cells"][name]["rows"] if r["variant"] == variant)["vs"]["diff"]
+        assert f"{diff:+.{len(text.split('.')[1])}f}" == text, (name, diff)
+    mqar = {r["variant"]: sum(x >= 95.0 for x in r["values"]) for r in result["cells"]["mqar"]["rows"]}
+    assert f"V2 solved all 8 of its runs and softmax {mqar['softmax']} of 8" in " ".join(readme.split())
+    assert mqar["diff_v2_matched"] == 8
+
+
 def test_report_page_replaces_only_the_marked_block(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(f"# Title\n\nbefore\n{plan.PAGE_START}\nold table\n{plan.PAGE_END}\nafter\n")

@@ -401,6 +401,7 @@ def headline_table(result: dict, earlier: bool = False) -> str:
 
 
 PAGE_START, PAGE_END = "<!-- study-table: start -->", "<!-- study-table: end -->"
+SUMMARY_START, SUMMARY_END = "<!-- study-summary: start -->", "<!-- study-summary: end -->"
 
 
 def table_note(result: dict) -> str:
@@ -429,6 +430,38 @@ def earlier_block(result: dict) -> str:
 def page_block(result: dict) -> str:
     """The recipe, the headline table and its note."""
     return f"Recipe: {result['recipe']}.\n\n{headline_table(result)}\n\n{table_note(result)}"
+
+
+def summary_block(result: dict) -> str:
+    """The short form of the headline table for the README: the finished cells at each task's final budget
+    (means, differences with their 95 % CI and the study's Holm p), and the cells still to come."""
+    lines = ["| task (metric) | softmax | V1 `diff` | V2 `diff_v2_matched` | V1 - softmax [95 % CI], p Holm | "
+             "V2 - softmax [95 % CI], p Holm |", "|" + "---|" * 6]
+    waiting = []
+    for name, cell in result["cells"].items():
+        if name in result["earlier"]:
+            continue
+        if cell is None:
+            waiting.append(name)
+            continue
+        digits = 2 if cell["scale"] != 1.0 else 3
+        by = {r["variant"]: r for r in cell["rows"]}
+
+        def mean(v: str, by: dict = by, digits: int = digits) -> str:
+            return "–" if v not in by else f"{fmt(by[v]['mean'], digits)} ± {fmt(by[v]['sd'], digits)}"
+
+        def diff(v: str, by: dict = by, digits: int = digits) -> str:
+            r = by.get(v)
+            return "–" if r is None or "vs" not in r else f"{_with_ci(r['vs'], digits)}, {fmt_p(r.get('p_holm_study'))}"
+
+        soft, v1, v2 = MAIN
+        lines.append(f"| {cell['cell']} ({cell['metric']}) | {mean(soft)} | {mean(v1)} | {mean(v2)} | {diff(v1)} | "
+                     f"{diff(v2)} |")
+    tail = (f"Mean ± sd of {FINAL_SEEDS} final seeds per variant, each at its own best learning rate; p Holm: the exact "
+            f"permutation p adjusted over the study's {result['comparisons']} comparisons finished so far.")
+    if waiting:
+        tail += f" Still to come: {', '.join(waiting)}."
+    return "\n".join(lines) + "\n\n" + tail
 
 
 def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: Path) -> str:
@@ -468,30 +501,33 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
     return "\n\n".join(parts)
 
 
-def _split_page(path: Path) -> tuple[str, str, str] | None:
-    """A page's text before :data:`PAGE_START`, between the markers, and after :data:`PAGE_END`; None unless it
+def _split_page(path: Path, markers: tuple[str, str]) -> tuple[str, str, str] | None:
+    """A page's text before the start marker, between the markers, and after the end marker; None unless it
     holds each marker once, in that order."""
     text = path.read_text()
-    if text.count(PAGE_START) != 1 or text.count(PAGE_END) != 1 or text.index(PAGE_START) > text.index(PAGE_END):
+    start, end = markers
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
         return None
-    head, rest = text.split(PAGE_START)
-    block, tail = rest.split(PAGE_END)
+    head, rest = text.split(start)
+    block, tail = rest.split(end)
     return head, block, tail
 
 
-def update_page(path: Path, block: str) -> None:
-    """Replace the text between :data:`PAGE_START` and :data:`PAGE_END` in ``path`` with ``block``."""
-    parts = _split_page(path)
+def update_page(path: Path, block: str, markers: tuple[str, str] = (PAGE_START, PAGE_END)) -> None:
+    """Replace the text between ``markers`` (default :data:`PAGE_START` and :data:`PAGE_END`) in ``path`` with
+    ``block``."""
+    parts = _split_page(path, markers)
+    start, end = markers
     if parts is None:
-        raise SystemExit(f"--page {path}: the page needs one line {PAGE_START} and, after it, one line {PAGE_END}; "
+        raise SystemExit(f"{path}: the page needs one line {start} and, after it, one line {end}; "
                          "the table goes between them")
     head, _, tail = parts
-    path.write_text(f"{head}{PAGE_START}\n{block}\n{PAGE_END}{tail}")
+    path.write_text(f"{head}{start}\n{block}\n{end}{tail}")
 
 
-def page_table(path: Path) -> str:
+def page_table(path: Path, markers: tuple[str, str] = (PAGE_START, PAGE_END)) -> str:
     """The block a page holds between its markers ('' when it has none)."""
-    parts = _split_page(path)
+    parts = _split_page(path, markers)
     return "" if parts is None else parts[1].strip("\n")
 
 
@@ -808,14 +844,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--page", type=Path, default=None,
                    help=f"report: also write the headline table into this markdown page, between its lines "
                         f"{PAGE_START} and {PAGE_END} (the study's page: docs/results.md; default: none)")
+    p.add_argument("--summary", type=Path, default=None,
+                   help=f"report: also write the short table of the finished final-budget cells into this page, "
+                        f"between its lines {SUMMARY_START} and {SUMMARY_END} (the README; default: none)")
     p.add_argument("--variants", nargs="+", default=list(MAIN), metavar="VARIANT",
                    help=f"verify: the variants whose first final run (a budget check: seed 0) is trained again "
                         f"(default: {' '.join(MAIN)})")
     args = p.parse_args(argv)
     by_name = {c.name: c for c in CELLS}
     cells = list(CELLS) if args.cells is None else [by_name[n] for n in dict.fromkeys(args.cells)]  # in the order given
-    if args.page is not None and args.cells is not None:
-        p.error("--page writes the whole study's table (one Holm over every cell): leave out --cells")
+    if (args.page is not None or args.summary is not None) and args.cells is not None:
+        p.error("--page and --summary write the whole study's table (one Holm over every cell): leave out --cells")
     if args.quick and args.records == RECORDS:
         p.error("--quick writes smoke records: give another --records folder than the study's")
     if args.command == "run":
@@ -844,6 +883,8 @@ def main(argv: list[str] | None = None) -> None:
         text = report_markdown(args.records, cells, result, args.records) + "\n"
         if args.page is not None:
             update_page(args.page, report_markdown(args.records, cells, result, args.page.parent))
+        if args.summary is not None:
+            update_page(args.summary, summary_block(result), (SUMMARY_START, SUMMARY_END))
         (args.records / "table.md").write_text(text)
         (args.records / "table.json").write_text(json.dumps(result, indent=1))
         plot_headline(result, args.records / "headline.png")
