@@ -626,3 +626,14 @@ def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_pa
     trained.clear()
     lines = plan.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")
     assert trained == [] and "the records were made with ['--other', 'arguments']" in lines[1]
+
+
+def test_headline_plot_wraps_its_panels_four_to_a_row(tmp_path):
+    from PIL import Image
+
+    cell = {"metric": "test/top1", "rows": [{"variant": v, "values": [90.0, 91.0, 92.0]} for v in plan.MAIN]}
+    for tasks, size in ((6, (4 * 288, 2 * 288)), (4, (4 * 288, 288))):  # panels of 3.2 in at 90 dpi
+        result = {"cells": {f"task{i}": cell for i in range(tasks)} | {"old": cell, "waiting": None},
+                  "earlier": ["old"]}  # an earlier-budget cell and a cell still running get no panel
+        plan.plot_headline(result, tmp_path / f"headline{tasks}.png")
+        assert Image.open(tmp_path / f"headline{tasks}.png").size == size, tasks

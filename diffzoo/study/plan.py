@@ -745,8 +745,12 @@ def plot_headline(result: dict, path: Path) -> None:
     cells = {k: v for k, v in result["cells"].items() if v and k not in result["earlier"]}
     if not cells:
         return
-    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.2), dpi=90, squeeze=False)
-    for ax, (name, cell) in zip(axes[0], cells.items()):
+    cols = min(len(cells), 4)  # rows of at most four panels
+    rows = -(-len(cells) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), dpi=90, squeeze=False)
+    for ax in axes.flat[len(cells):]:
+        ax.set_visible(False)
+    for ax, (name, cell) in zip(axes.flat, cells.items()):
         by = {r["variant"]: r for r in cell["rows"]}
         names = [v for v in MAIN if v in by]
         for i, v in enumerate(names):
