@@ -307,6 +307,10 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
         family = FAMILIES[cell.family]
         final, recorded = complete_final_runs(rec, cell)
         compared = family_of[cell.superseded_by is not None]
+        if cell.superseded_by is not None:  # the task itself changed too: the cell that replaced it says how
+            after = next(c for c in CELLS if c.name == cell.superseded_by)
+            if (after.size_args, after.extra) != (cell.size_args, cell.extra):
+                out.setdefault("task_changed", {})[cell.name] = (after.name, [*after.size_args, *after.extra])
         if not any(r["variant"] == "softmax" for r in final) or not rec.get("best"):
             out["cells"][cell.name] = None
             if cell.superseded_by is not None:
@@ -352,10 +356,12 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
     return out
 
 
-def _mean_cell(by: dict[str, dict], digits: int):
+def _mean_cell(by: dict[str, dict], digits: int, lr: bool = True):
     def cell(v: str) -> str:
         r = by.get(v)
-        return "–" if r is None else f"{fmt(r['mean'], digits)} ± {fmt(r['sd'], digits)} (lr {lr_tag(r['lr'])})"
+        if r is None:
+            return "–"
+        return f"{fmt(r['mean'], digits)} ± {fmt(r['sd'], digits)}" + (f" (lr {lr_tag(r['lr'])})" if lr else "")
     return cell
 
 
@@ -364,12 +370,13 @@ def _with_ci(c: dict, digits: int) -> str:
     return f"{c['diff']:+.{digits}f} [{fmt(c['ci_low'], digits)}, {fmt(c['ci_high'], digits)}]"
 
 
-def _diff_cell(by: dict[str, dict], digits: int):
+def _diff_cell(by: dict[str, dict], digits: int, perm: bool = True):
     def cell(v: str) -> str:
         r = by.get(v)
         if r is None or "vs" not in r:
             return "–"
-        return f"{_with_ci(r['vs'], digits)}, {fmt_p(r['vs']['p_perm'])}, {fmt_p(r.get('p_holm_study'))}"
+        return ", ".join([_with_ci(r["vs"], digits), *([fmt_p(r["vs"]["p_perm"])] if perm else []),
+                          fmt_p(r.get("p_holm_study"))])
     return cell
 
 
@@ -419,10 +426,11 @@ EARLIER_TITLE = "### Earlier budgets: the same tasks where the study first stopp
 
 def earlier_block(result: dict) -> str:
     """The cells a longer budget superseded: their table (the same columns) and what their p Holm is."""
+    changed = "".join(f"; `{after}` also changed the task (it trains with `{' '.join(args)}`, `{before}` did not)"
+                      for before, (after, args) in result.get("task_changed", {}).items())
     return (f"{EARLIER_TITLE}\n\nEach row's budget proved too short (its budget check, below, gained on it), so "
-            "the row above with the task's name replaced it; the `cluttered` task also became smaller (two "
-            "fragments per image instead of four). These rows measure how fast each variant fits as much as "
-            "where it ends.\n\n" + headline_table(result, earlier=True)
+            f"the row above with the task's name replaced it{changed}. These rows measure how fast each variant "
+            "fits as much as where it ends.\n\n" + headline_table(result, earlier=True)
             + f"\n\n{result['comparisons_earlier']} comparisons; p Holm here: Holm's adjustment over these rows "
               "only, outside the study's family.")
 
@@ -446,14 +454,7 @@ def summary_block(result: dict) -> str:
             continue
         digits = 2 if cell["scale"] != 1.0 else 3
         by = {r["variant"]: r for r in cell["rows"]}
-
-        def mean(v: str, by: dict = by, digits: int = digits) -> str:
-            return "–" if v not in by else f"{fmt(by[v]['mean'], digits)} ± {fmt(by[v]['sd'], digits)}"
-
-        def diff(v: str, by: dict = by, digits: int = digits) -> str:
-            r = by.get(v)
-            return "–" if r is None or "vs" not in r else f"{_with_ci(r['vs'], digits)}, {fmt_p(r.get('p_holm_study'))}"
-
+        mean, diff = _mean_cell(by, digits, lr=False), _diff_cell(by, digits, perm=False)
         soft, v1, v2 = MAIN
         lines.append(f"| {cell['cell']} ({cell['metric']}) | {mean(soft)} | {mean(v1)} | {mean(v2)} | {diff(v1)} | "
                      f"{diff(v2)} |")
