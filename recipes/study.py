@@ -3,11 +3,8 @@
 The command line of :mod:`diffzoo.study.plan` (``python -m recipes.study --help`` describes it).
 """
 
-import signal
-
 from diffzoo.study.plan import main
-from diffzoo.study.runs import stop_trainings
+from diffzoo.study.runs import main_with_signals
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, stop_trainings)  # a kill of this process stops its trainings too
-    main()
+    main_with_signals(main)  # SIGTERM stops its trainings too; SIGUSR1 lets the running ones finish first

@@ -4,11 +4,8 @@ The command line of :mod:`diffzoo.study.sweep` (``python -m recipes.sweep --help
 families, runs, tables and plots it uses are in :mod:`diffzoo.study`.
 """
 
-import signal
-
-from diffzoo.study.runs import stop_trainings
+from diffzoo.study.runs import main_with_signals
 from diffzoo.study.sweep import main
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, stop_trainings)  # a kill of this process stops its trainings too
-    main()
+    main_with_signals(main)  # SIGTERM stops its trainings too; SIGUSR1 lets the running ones finish first

@@ -515,6 +515,50 @@ def test_a_killed_study_stops_its_trainings(tmp_path):
     assert len(list(pids.iterdir())) == 2, "a queued training started after the study was stopped"
 
 
+def test_sigusr1_lets_the_trainings_running_finish_and_starts_no_more(tmp_path):
+    """SIGUSR1 to a study process: the two trainings running go on to their end and their results are handed on
+    (saved), the two queued behind them never start, and the command exits with a message saying so."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    started, ended = tmp_path / "started", tmp_path / "ended"
+    started.mkdir()
+    ended.mkdir()
+    go = tmp_path / "go"  # the trainings end once this file exists (after the signal has been sent)
+    sleeper = (f"import os, time; open(os.path.join({str(started)!r}, str(os.getpid())), 'w').close()\n"
+               f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+               f"open(os.path.join({str(ended)!r}, str(os.getpid())), 'w').close()")
+    saved = tmp_path / "saved.json"
+    script = tmp_path / "study.py"
+    script.write_text(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from diffzoo.study.runs import main_with_signals, run_jobs, train\n"
+        "def save(done): Path(" + repr(str(saved)) + ").write_text(json.dumps(len(done)))\n"
+        f"main_with_signals(lambda: run_jobs([0, 1, 2, 3], lambda i: train([sys.executable, '-c', {sleeper!r}], "
+        f"Path({str(tmp_path)!r}) / f'{{i}}.log'), 2, save))\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[1],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while len(list(started.iterdir())) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    assert len(list(started.iterdir())) == 2, "the two trainings did not start"
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(1)
+    assert proc.poll() is None, "the study exited before its trainings finished"
+    go.touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "finished the trainings that were running" in err, err
+    assert sorted(p.name for p in ended.iterdir()) == sorted(p.name for p in started.iterdir())  # both ran to the end
+    assert json.loads(saved.read_text()) == 2  # and both results were handed on
+    time.sleep(0.5)
+    assert len(list(started.iterdir())) == 2, "a queued training started after SIGUSR1"
+
+
 def test_every_run_records_the_code_that_trained_it(tmp_path):
     import subprocess
 

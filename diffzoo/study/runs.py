@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -127,6 +129,11 @@ def read_divergence(run_dir: Path) -> dict | None:
 _LIVE: set[subprocess.Popen] = set()  # training processes now running (stopped with the study: stop_trainings)
 _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_trainings: no training starts after it
+_FINISHING = threading.Event()  # set by finish_trainings: the trainings running finish, no other starts
+
+
+class Finishing(Exception):
+    """Raised instead of starting a training once the study was told to finish (:func:`finish_trainings`)."""
 
 
 def train(command: list[str], log: Path) -> float:
@@ -137,6 +144,8 @@ def train(command: list[str], log: Path) -> float:
         with _LIVE_LOCK:  # started under the lock, so stop_trainings either sees it or it never starts
             if _STOPPING.is_set():
                 raise RuntimeError("the study is stopping: training not started")
+            if _FINISHING.is_set():
+                raise Finishing("the study is finishing: training not started")
             proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT)
             _LIVE.add(proc)
         try:
@@ -169,6 +178,27 @@ def stop_trainings(signum: int, frame: object) -> None:
             proc.kill()
     raise SystemExit(f"stopped by signal {signum}; {len(live)} training(s) terminated (they are trained again on the "
                      "next call: the records hold only finished runs)")
+
+
+def finish_trainings(signum: int, frame: object) -> None:
+    """Signal handler (SIGUSR1): the trainings now running go on to their end and are recorded as usual, none
+    starts after them, and the command then exits (:func:`main_with_signals`). The way to end a session of the
+    study without throwing away the hours its runs in flight have already trained."""
+    _FINISHING.set()
+    os.write(2, f"signal {signum}: finishing the trainings now running, starting no more\n".encode())
+
+
+def main_with_signals(main: Callable[[], object]) -> None:
+    """Run a study command line (``main``) with its signals: SIGTERM stops at once (:func:`stop_trainings`: the
+    trainings cut short are not recorded), SIGUSR1 finishes the trainings running first (:func:`finish_trainings`)."""
+    signal.signal(signal.SIGTERM, stop_trainings)
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        signal.signal(signal.SIGUSR1, finish_trainings)
+    try:
+        main()
+    except Finishing:
+        raise SystemExit("finished the trainings that were running (recorded); none started after the signal. "
+                         "The same command goes on from here.") from None
 
 
 def progress_line(done: int, total: int, seconds: float) -> str:
