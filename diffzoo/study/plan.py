@@ -4,7 +4,9 @@ A cell is one family at one size with the variants it compares and the starting 
 (:func:`~diffzoo.study.recipe.lr_grid`: 5 points in factor-2 steps; the sweep extends it where the best lr
 lands on an edge). Each cell is a :mod:`diffzoo.study.sweep` whose records file lives in the repository
 (:data:`RECORDS`), so a later session, or another machine, continues where the last one stopped: runs
-already recorded are never trained again, and a run killed half-way is simply trained again.
+already recorded are never trained again, and a run killed half-way is simply trained again. To end a
+session, ``kill -USR1 <pid>``: the runs in flight finish and are recorded, no other starts (``kill <pid>``
+stops at once and drops them).
 
     OMP_NUM_THREADS=1 python -m recipes.study run --jobs 2            # every cell, in order; resumable
     OMP_NUM_THREADS=1 python -m recipes.study run --cells mqar lm     # some cells
@@ -14,9 +16,10 @@ already recorded are never trained again, and a run killed half-way is simply tr
     python -m recipes.study report --page docs/results.md             # ... and the table into the results page
     python -m recipes.study run --quick --records outputs/study-quick # the pipeline in seconds (tests)
 
-The report compares every variant with softmax on every task and applies one Holm correction over all
-the comparisons it reports (headline and ablations together); each comparison's p is the exact
-permutation p of the final seeds' test scores.
+The report compares every variant with softmax on every task and applies one Holm correction over the
+comparisons of every task at its final budget (headline and ablations together; a task's superseded
+shorter budgets get a table and a Holm of their own); each comparison's p is the exact permutation p of
+the final seeds' test scores.
 """
 
 from __future__ import annotations
