@@ -473,36 +473,48 @@ def test_report_page_replaces_only_the_marked_block(tmp_path):
         plan.main(["report", "--cells", "vit", "--page", str(page)])  # a part of the study is not the page's table
 
 
-def test_a_killed_study_stops_its_trainings(tmp_path):
-    """SIGTERM to a study process terminates the training processes it started instead of orphaning them, and
-    starts none of the trainings still queued behind them."""
-    import os
-    import signal
+def _study_with_two_trainings_started(tmp_path, rest: str, main: str):
+    """A study process whose ``main`` (a line of Python) runs ``run(on_result)``: four trainings, two at a time,
+    each writing its pid into ``tmp_path/started`` and then running ``rest``. Returned once the first two started."""
     import subprocess
     import sys
     import time
     from pathlib import Path
 
+    started = tmp_path / "started"
+    started.mkdir()
+    training = f"import os, time; open(os.path.join({str(started)!r}, str(os.getpid())), 'w').close()\n{rest}"
     script = tmp_path / "study.py"
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    sleeper = f"import os, time; open(os.path.join({str(pids)!r}, str(os.getpid())), 'w').close(); time.sleep(120)"
     script.write_text(
-        "import signal, sys\n"
+        "import json, sys\n"
         "from pathlib import Path\n"
-        "from diffzoo.study.runs import run_jobs, stop_trainings, train\n"
-        "signal.signal(signal.SIGTERM, stop_trainings)\n"
-        f"run_jobs([0, 1, 2, 3], lambda i: train([sys.executable, '-c', {sleeper!r}], Path({str(tmp_path)!r}) / f'{{i}}.log'), 2)\n")
+        "from diffzoo.study.runs import main_with_signals, run_jobs, train\n"
+        f"def run(on_result=None): return run_jobs([0, 1, 2, 3], lambda i: train([sys.executable, '-c', {training!r}], "
+        f"Path({str(tmp_path)!r}) / f'{{i}}.log'), 2, on_result)\n"
+        f"{main}\n")
     proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[1],
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while len(list(pids.iterdir())) < 2 and time.time() < deadline:
+    while len(list(started.iterdir())) < 2 and time.time() < deadline:
         time.sleep(0.1)
-    children = [int(p.name) for p in pids.iterdir()]
-    assert len(children) == 2, "the two trainings did not start"
+    assert len(list(started.iterdir())) == 2, "the two trainings did not start"
+    return proc, started
+
+
+def test_a_killed_study_stops_its_trainings(tmp_path):
+    """SIGTERM to a study process terminates the training processes it started instead of orphaning them, and
+    starts none of the trainings still queued behind them."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    proc, started = _study_with_two_trainings_started(tmp_path, "time.sleep(120)", "main_with_signals(run)")
+    children = [int(p.name) for p in started.iterdir()]
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "2 training(s) terminated" in err
+
     def alive(pid: int) -> bool:
         try:
             os.kill(pid, 0)
@@ -512,7 +524,7 @@ def test_a_killed_study_stops_its_trainings(tmp_path):
 
     assert not [pid for pid in children if alive(pid)], "a training process outlived the study"
     time.sleep(1)
-    assert len(list(pids.iterdir())) == 2, "a queued training started after the study was stopped"
+    assert len(list(started.iterdir())) == 2, "a queued training started after the study was stopped"
 
 
 def test_sigusr1_lets_the_trainings_running_finish_and_starts_no_more(tmp_path):
@@ -520,33 +532,16 @@ def test_sigusr1_lets_the_trainings_running_finish_and_starts_no_more(tmp_path):
     (saved), the two queued behind them never start, and the command exits with a message saying so."""
     import json
     import signal
-    import subprocess
-    import sys
     import time
-    from pathlib import Path
 
-    started, ended = tmp_path / "started", tmp_path / "ended"
-    started.mkdir()
+    ended = tmp_path / "ended"
     ended.mkdir()
     go = tmp_path / "go"  # the trainings end once this file exists (after the signal has been sent)
-    sleeper = (f"import os, time; open(os.path.join({str(started)!r}, str(os.getpid())), 'w').close()\n"
-               f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
-               f"open(os.path.join({str(ended)!r}, str(os.getpid())), 'w').close()")
     saved = tmp_path / "saved.json"
-    script = tmp_path / "study.py"
-    script.write_text(
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from diffzoo.study.runs import main_with_signals, run_jobs, train\n"
-        "def save(done): Path(" + repr(str(saved)) + ").write_text(json.dumps(len(done)))\n"
-        f"main_with_signals(lambda: run_jobs([0, 1, 2, 3], lambda i: train([sys.executable, '-c', {sleeper!r}], "
-        f"Path({str(tmp_path)!r}) / f'{{i}}.log'), 2, save))\n")
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[1],
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while len(list(started.iterdir())) < 2 and time.time() < deadline:
-        time.sleep(0.1)
-    assert len(list(started.iterdir())) == 2, "the two trainings did not start"
+    rest = (f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+            f"open(os.path.join({str(ended)!r}, str(os.getpid())), 'w').close()")
+    proc, started = _study_with_two_trainings_started(
+        tmp_path, rest, f"main_with_signals(lambda: run(lambda done: Path({str(saved)!r}).write_text(json.dumps(len(done)))))")
     proc.send_signal(signal.SIGUSR1)
     time.sleep(1)
     assert proc.poll() is None, "the study exited before its trainings finished"
