@@ -445,7 +445,7 @@ def page_block(result: dict) -> str:
 
 def summary_block(result: dict) -> str:
     """The short form of the headline table for the README: the finished cells at each task's final budget
-    (means, differences with their 95 % CI and the study's Holm p), and the cells still to come."""
+    (means, differences with their 95 % CI and the study's Holm p), and the cells and variants still to come."""
     lines = ["| task (metric) | softmax | V1 `diff` | V2 `diff_v2_matched` | V1 - softmax [95 % CI], p Holm | "
              "V2 - softmax [95 % CI], p Holm |", "|" + "---|" * 6]
     waiting = []
@@ -457,6 +457,9 @@ def summary_block(result: dict) -> str:
             continue
         digits = 2 if cell["scale"] != 1.0 else 3
         by = {r["variant"]: r for r in cell["rows"]}
+        missing = [v for v in MAIN if v not in by]  # a cell still running shows its finished variants only
+        if missing:  # (a task's second metric names the same cell)
+            waiting.append(f"{cell['cell']} ({' and '.join(missing)})")
         mean, diff = _mean_cell(by, digits, lr=False), _diff_cell(by, digits, perm=False)
         soft, v1, v2 = MAIN
         lines.append(f"| {cell['cell']} ({cell['metric']}) | {mean(soft)} | {mean(v1)} | {mean(v2)} | {diff(v1)} | "
@@ -464,7 +467,7 @@ def summary_block(result: dict) -> str:
     tail = (f"Mean ± sd of {FINAL_SEEDS} final seeds per variant, each at its own best learning rate; p Holm: the exact "
             f"permutation p adjusted over the study's {result['comparisons']} comparisons finished so far.")
     if waiting:
-        tail += f" Still to come: {', '.join(waiting)}."
+        tail += f" Still to come: {', '.join(dict.fromkeys(waiting))}."
     return "\n".join(lines) + "\n\n" + tail
 
 
