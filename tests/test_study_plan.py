@@ -341,7 +341,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
     quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
-              "clip-40ep (test/zs_top1)": (2, 2)}
+              "clip-40ep (test/zs_top1)": (2, 2), "clip": (2, 2), "clip (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -371,6 +371,15 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("clip-40ep-2x", 2)
     assert all(r["flat_longer"] for r in rows.values())  # "all three 80-epoch curves were flat"
     assert f"{phrase} points" in page, phrase
+    # CLIP's 80-epoch check: every curve flat by the rule at both budgets, yet softmax gains the most at 160
+    rows, phrase = budget_check("clip-2x", 2)
+    assert f"gained {phrase} points" in page, phrase
+    assert all(r["flat"] and r["flat_longer"] for r in rows.values())
+    gain = {v: r["longer"] - r["budget"] for v, r in rows.items()}
+    assert gain["softmax"] > gain["diff"] > gain["diff_v2_matched"] > 0  # "softmax gains the most"
+    for v, at_80, at_160 in (("diff_v2_matched", "+9.8", "+1.6"), ("diff", "+3.9", "-1.7")):  # seed 0's gaps
+        assert f"{rows[v]['budget'] - rows['softmax']['budget']:+.1f}" == at_80, v
+        assert f"{rows[v]['longer'] - rows['softmax']['longer']:+.1f}" == at_160, v
     # cluttered's budget check: the gains at twice the epochs, and softmax / V1 still rising there
     rows, phrase = budget_check("cluttered-30ep-2x", 2)
     assert f"{phrase} points" in page, phrase
@@ -450,8 +459,10 @@ def test_readme_summary_is_what_the_records_give():
     vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r}
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
     assert "gap fell to +0.012 nats and ViT digits' from -0.94 to -0.21 points" in readme
+    assert "V2 leads softmax by +4.5 points of test retrieval recall and +6.2 of zero-shot top-1" in " ".join(readme.split())
     for name, variant, text in (("lm", "diff", "+0.012"), ("vit-40ep", "diff", "-0.94"), ("vit", "diff", "-0.21"),
-                                ("lm-2k", "diff", "+0.043"), ("cluttered-30ep", "diff", "-12.7")):
+                                ("lm-2k", "diff", "+0.043"), ("cluttered-30ep", "diff", "-12.7"),
+                                ("clip", "diff_v2_matched", "+4.5"), ("clip (test/zs_top1)", "diff_v2_matched", "+6.2")):
         diff = next(r for r in result["cells"][name]["rows"] if r["variant"] == variant)["vs"]["diff"]
         assert f"{diff:+.{len(text.split('.')[1])}f}" == text, (name, diff)
     for name, cell in result["cells"].items():  # a cell shown with a variant missing is named as still to come
