@@ -264,3 +264,23 @@ def test_starts_from_a_converted_open_clip_model(tiny: str, tmp_path: Path, monk
         ContrastiveTask(model="RN50", init_from=str(tmp_path / "conv"))
     with pytest.raises(ValueError, match=r"^--model\.init_from rebuilds the converted model"):
         ContrastiveTask(model=tiny, init_from=str(tmp_path / "conv"), checkpoint=summary["safetensors"])
+
+
+def test_partial_tower_config_changes_only_what_it_names() -> None:
+    """``--model.model_kwargs '{"vision_cfg": {"width": 64}}'`` narrows the nano's image tower and keeps its image
+    size, patch size, depth and attention, with or without ``--model.attn`` (open_clip alone would swap in a whole
+    tower config holding only the width)."""
+    from diffzoo.tasks.contrastive import ContrastiveTask
+
+    narrow = {"embed_dim": 32, "vision_cfg": {"width": 64}, "text_cfg": {"width": 32, "heads": 2}}
+    built = {}
+    for attn in (None, "softmax"):
+        torch.manual_seed(0)
+        task = ContrastiveTask(model="SoftCLIP-nano", attn=attn, model_kwargs=narrow)
+        built[attn] = task.model.state_dict()
+        vision = task.model_kwargs["vision_cfg"]
+        assert (vision["width"], vision["image_size"], vision["patch_size"], vision["layers"]) == (64, 32, 8, 4)
+        assert task.model_kwargs["text_cfg"]["layers"] == 4 and task.model_kwargs["text_cfg"]["width"] == 32
+    assert built[None].keys() == built["softmax"].keys()
+    assert all(torch.equal(built[None][k], built["softmax"][k]) for k in built[None])
+    assert sum(v.numel() for v in built[None].values() if v.is_floating_point()) < 1_800_000  # the nano: 3.87 M

@@ -83,6 +83,7 @@ __all__ = [
     "create_clip",
     "install_open_clip_hooks",
     "with_attn",
+    "with_towers",
 ]
 
 CLIP_CONFIG_DIR = Path(__file__).with_name("clip_configs")
@@ -605,6 +606,19 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
+
+
+def with_towers(name: str, model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``model_kwargs`` for ``open_clip.create_model("<name>", **kwargs)`` with any tower config in it
+    (``vision_cfg``, ``text_cfg``) merged into the diffzoo CLIP ``name``'s own: open_clip's factory replaces a
+    whole tower config with the one given, so ``{"vision_cfg": {"width": 64}}`` would otherwise drop the image
+    size, patch size, depth and attention of ``name``'s image tower."""
+    base = clip_config(name)
+    kwargs = dict(model_kwargs or {})
+    for tower in ("vision_cfg", "text_cfg"):
+        if isinstance(kwargs.get(tower), dict):
+            kwargs[tower] = _merge(base[tower], kwargs[tower])
+    return kwargs
 
 
 def with_attn(name: str, attn: str | AttnSpec, model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:

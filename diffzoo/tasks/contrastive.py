@@ -68,7 +68,9 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
         init_from: a folder written by ``python -m recipes.convert --from open_clip:MODEL`` to start from:
             the model is rebuilt from the folder (``MODEL`` with its attention converted) and its weights
             loaded, see :func:`diffzoo.weights.load_converted`. ``model`` must name the converted source.
-        model_kwargs: more ``open_clip.create_model`` arguments (``force_image_size``, ...).
+        model_kwargs: more ``open_clip.create_model`` arguments (``force_image_size``, ...). For a diffzoo
+            config a ``vision_cfg`` or ``text_cfg`` in it changes only the entries it names, e.g.
+            ``{"vision_cfg": {"width": 64}}`` narrows the image tower and keeps the rest of it.
         lr: peak learning rate (AdamW).
         weight_decay: AdamW weight decay on matrices (none on biases, norms, embeddings, logit_scale).
         betas, eps: AdamW betas and epsilon (CLIP: 0.9, 0.98, 1e-6).
@@ -119,10 +121,12 @@ class ContrastiveTask(GuardedTraining, RestoresRNG, pl.LightningModule):
                                  "--model.pretrained, --model.checkpoint, --model.model_kwargs and --model.attn unset")
             self.model = load_converted(init_from, what="--model.init_from", family="open_clip", name=model).train()
         else:
-            if attn is not None:
-                from ..models.clip import with_attn
+            from ..models.clip import clip_model_names, with_attn, with_towers
 
+            if attn is not None:
                 self.model_kwargs = with_attn(model, attn, self.model_kwargs)
+            elif model in clip_model_names():  # a partial tower config changes only what it names
+                self.model_kwargs = with_towers(model, self.model_kwargs)
             self.model = open_clip.create_model(model, pretrained=pretrained, **self.model_kwargs)
         if checkpoint:
             load_clip_weights(self.model, checkpoint)
