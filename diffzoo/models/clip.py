@@ -608,6 +608,9 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_TOWERS = ("vision_cfg", "text_cfg")  # the tower configs of an open_clip model config
+
+
 def with_towers(name: str, model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """``model_kwargs`` for ``open_clip.create_model("<name>", **kwargs)`` with any tower config in it
     (``vision_cfg``, ``text_cfg``) merged into the diffzoo CLIP ``name``'s own: open_clip's factory replaces a
@@ -615,7 +618,7 @@ def with_towers(name: str, model_kwargs: dict[str, Any] | None = None) -> dict[s
     size, patch size, depth and attention of ``name``'s image tower."""
     base = clip_config(name)
     kwargs = dict(model_kwargs or {})
-    for tower in ("vision_cfg", "text_cfg"):
+    for tower in _TOWERS:
         if isinstance(kwargs.get(tower), dict):
             kwargs[tower] = _merge(base[tower], kwargs[tower])
     return kwargs
@@ -627,16 +630,15 @@ def with_attn(name: str, attn: str | AttnSpec, model_kwargs: dict[str, Any] | No
     the config's ``lambda_init``). ``model_kwargs`` are further arguments; its tower configs are merged in.
     """
     spec = get_spec(attn)
-    base = clip_config(name)
-    kwargs = dict(model_kwargs or {})
-    for tower in ("vision_cfg", "text_cfg"):
-        cfg = _merge(base[tower], kwargs.get(tower) or {})
+    given = dict(model_kwargs or {})
+    kwargs = with_towers(name, {**given, **{tower: given.get(tower) or {} for tower in _TOWERS}})  # both, whole
+    for tower in _TOWERS:
+        cfg = kwargs[tower]
         if "diffzoo" not in cfg:
             raise ValueError(f"the {tower} of {name!r} is open_clip's own tower; attn applies to diffzoo towers")
         cfg["diffzoo"] = {**cfg["diffzoo"], "attn": spec.name, "lambda_init": None}
         if spec.kind != "diff":
             cfg["diffzoo"].pop("head_dim", None)
-        kwargs[tower] = cfg
     return kwargs
 
 
