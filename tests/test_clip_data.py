@@ -207,6 +207,39 @@ def test_datamodule_batches_and_hard_negatives(tmp_path: Path) -> None:
     assert not it.ColoredDigitsDataModule(tokenizer=tokenizer, num_test=0).has_test_split
 
 
+
+def test_fewer_colours_keep_the_held_out_pairs_out_of_training_and_shrink_the_label_space(tmp_path: Path) -> None:
+    import open_clip
+
+    tokenizer = open_clip.get_tokenizer(register_tiny_clip(tmp_path))
+    dm = it.ColoredDigitsDataModule(tokenizer=tokenizer, batch_size=32, limit=450, num_val=50, num_test=100,
+                                    num_val_heldout=60, num_colors=4)
+    dm.setup("fit")
+    held = set(it.heldout_pairs(4))
+    assert held == {(0, 1), (1, 2), (2, 3), (3, 0)}
+    assert len(dm.zeroshot_classnames) == 10 * 4 * 3
+    assert {w for n in dm.zeroshot_classnames for w in (n.split()[0], n.split()[4])} == {"red", "green", "blue", "yellow"}
+    pairs = {k: set(zip(ds.fg.tolist(), ds.bg.tolist())) for k, ds in
+             (("train", dm.train_set), ("val", dm.val_set), ("val_heldout", dm.val_heldout_set), ("test", dm.test_set))}
+    # every seen pair is trained on, no held-out pair is; the held-out splits use exactly the held-out pairs
+    assert pairs["train"] == set(it.color_pairs(4)) - held and pairs["val"] <= pairs["train"]
+    assert pairs["test"] == held and pairs["val_heldout"] == held
+    # labels index the four-colour class list, and a label names its image's digit and colours
+    for ds in (dm.test_set, dm.val_heldout_set):
+        for y, d, f, b in zip(ds.labels.tolist(), ds.digits.tolist(), ds.fg.tolist(), ds.bg.tolist()):
+            assert dm.zeroshot_classnames[y] == it.class_name(d, f, b)
+    swapped = dm.zeroshot_classnames[int(dm.zeroshot_hard_negative[dm.test_set.labels[0]])].split()
+    first = dm.zeroshot_classnames[int(dm.test_set.labels[0])].split()
+    assert (swapped[0], swapped[4]) == (first[4], first[0])
+    # the images are the ones the default draws: same MNIST split, only the colouring differs
+    six = it.colored_digit_splits(num_val=50, num_test=100, limit=450, num_val_heldout=60)
+    assert torch.equal(six["test"]["index"], dm.test_set.index) and torch.equal(six["train"]["index"], dm.train_set.index)
+    for bad in (2, 7):
+        with pytest.raises(ValueError, match=f"num_colors={bad}: expected 3 to 6"):
+            it.ColoredDigitsDataModule(tokenizer=tokenizer, num_colors=bad)
+    with pytest.raises(ValueError, match="colour index 5 is outside num_colors=4"):
+        it.ColoredDigits(**six["test"], target="label", num_colors=4)
+
 # -- shards ---------------------------------------------------------------------------------------
 COLOURS = [(250, 0, 0), (0, 250, 0), (0, 0, 250)]
 

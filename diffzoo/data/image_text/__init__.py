@@ -9,7 +9,8 @@ image-text pairs. Two sources are provided here:
   ``(fg, bg)`` pairs; six of them (:func:`heldout_pairs`) never occur in training and form the zero-shot
   test split, while their swapped pairs (``blue`` on ``red``) are trained on, so scoring the held-out
   pairs needs the caption's attributes bound to the right object, not a bag of words. Digit images are
-  split first (train / val / test images are disjoint), then coloured.
+  split first (train / val / test images are disjoint), then coloured. ``num_colors`` (3 to 6) keeps
+  only the first colours: fewer captions, and more images in a batch that differ only in the digit.
 * **Image-text shards** in the CC3M / CC12M webdataset layout (``<key>.jpg`` + ``<key>.txt``, as written
   by img2dataset): brace-expanded URLs, split by node and DataLoader worker, UTF-8 captions tokenised by
   a passed tokenizer; a corrupt shard or sample is logged, counted and skipped.

@@ -29,6 +29,14 @@ DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "e
 CAPTION_TEMPLATES: tuple[str, ...] = ("a {}",)  # class name "red seven on a blue background" -> the caption
 
 
+def check_num_colors(num_colors: int) -> None:
+    """Raise ``ValueError`` unless ``3 <= num_colors <= len(PALETTE)``: with two colours every seen pair
+    would be the swap of a held-out one and nothing would be left to bind."""
+    if not 3 <= num_colors <= len(PALETTE):
+        raise ValueError(f"num_colors={num_colors}: expected 3 to {len(PALETTE)} (the colours of PALETTE: "
+                         f"{', '.join(COLOR_NAMES)})")
+
+
 def color_pairs(num_colors: int = len(PALETTE)) -> list[tuple[int, int]]:
     """All ordered ``(fg, bg)`` colour index pairs with ``fg != bg``, in a fixed order."""
     return [(f, b) for f in range(num_colors) for b in range(num_colors) if f != b]
@@ -74,7 +82,7 @@ def render_digits(digits: Tensor, fg: Tensor, bg: Tensor, offsets: Tensor, size:
     Returns:
         uint8 ``(N, 3, size, size)``.
     """
-    rgb = torch.tensor(list(PALETTE.values()), dtype=torch.float32)  # (C, 3)
+    rgb = torch.tensor(list(PALETTE.values()), dtype=torch.float32)  # (C, 3); indices below len(PALETTE)
     alpha = torch.zeros(len(digits), 1, size, size)
     for i, (y, x) in enumerate(offsets.tolist()):
         alpha[i, 0, y : y + 28, x : x + 28] = digits[i].float() / 255.0
@@ -99,6 +107,8 @@ class ColoredDigits(Dataset):
         as_pil: hand ``transform`` a PIL image instead of a tensor.
         index: ``(N,)`` the MNIST image each item was drawn from (:func:`colored_digit_splits`), kept as
             :attr:`index`; None when unknown.
+        num_colors: the first ``num_colors`` colours of :data:`PALETTE` are in use; sets the label space
+            (:func:`digit_classes`).
     """
 
     def __init__(
@@ -112,7 +122,11 @@ class ColoredDigits(Dataset):
         target: str = "tokens",
         as_pil: bool = False,
         index: Tensor | None = None,
+        num_colors: int = len(PALETTE),
     ) -> None:
+        check_num_colors(num_colors)
+        if len(fg) and int(torch.maximum(fg, bg).max()) >= num_colors:
+            raise ValueError(f"colour index {int(torch.maximum(fg, bg).max())} is outside num_colors={num_colors}")
         if target not in ("tokens", "label", "caption"):
             raise ValueError(f"target={target!r}; expected 'tokens', 'label' or 'caption'")
         if target == "tokens" and tokenizer is None:
@@ -123,7 +137,7 @@ class ColoredDigits(Dataset):
         self.transform = transform if transform is not None else ToFloatTensor()
         self.target, self.as_pil = target, as_pil
         self.captions = [caption(d, f, b) for d, f, b in zip(digits.tolist(), fg.tolist(), bg.tolist())]
-        _, class_index = digit_classes()
+        _, class_index = digit_classes(num_colors)
         self.labels = torch.tensor([class_index[k] for k in zip(digits.tolist(), fg.tolist(), bg.tolist())], dtype=torch.long)
         self.tokens: Tensor | None = None
         if tokenizer is not None:  # few distinct captions: tokenise each once
@@ -155,6 +169,7 @@ def colored_digit_splits(
     seed: int = 0,
     limit: int | None = None,
     num_val_heldout: int = 500,
+    num_colors: int = len(PALETTE),
 ) -> dict[str, dict[str, Tensor]]:
     """Render the coloured-digit splits (deterministic for a given ``seed``).
 
@@ -165,10 +180,15 @@ def colored_digit_splits(
     random offset on the ``size`` x ``size`` canvas. Test and val are the same images in the same colours
     whatever ``num_val_heldout`` is: the val-heldout images come out of the training images.
 
+    ``num_colors`` (3 to 6) uses only the first colours of :data:`PALETTE`: fewer colour pairs, so fewer
+    distinct captions, and more images per batch that share a colour pair and differ only in the digit.
+    The default, all six, gives the splits this function always gave.
+
     Returns:
         ``{"train"|"val"|"val_heldout"|"test": {"images": uint8 (N, 3, size, size), "digits", "fg", "bg": (N,),
         "index": (N,) the MNIST image index}}``.
     """
+    check_num_colors(num_colors)
     if size < 28:
         raise ValueError(f"size={size}: the 28x28 digits need a canvas of at least 28 pixels")
     if colorings < 1:
@@ -186,8 +206,8 @@ def colored_digit_splits(
                          f"training digits out of {n}")
     a, b = num_test, num_test + num_val
     idx = {"test": perm[:a], "val": perm[a:b], "val_heldout": perm[b:held_out], "train": perm[held_out:]}
-    held = torch.tensor(heldout_pairs())
-    seen = torch.tensor([p for p in color_pairs() if p not in heldout_pairs()])
+    held = torch.tensor(heldout_pairs(num_colors))
+    seen = torch.tensor([p for p in color_pairs(num_colors) if p not in heldout_pairs(num_colors)])
 
     def coloring(pairs: Tensor, tag: int) -> tuple[Tensor, Tensor]:
         # One (pair, offset) per MNIST image, drawn for all 5,000: an image is coloured the same whatever
@@ -246,6 +266,8 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         limit: use only ``limit`` digit images (tests).
         num_val_heldout: digit images of the held-out-pair validation split (zero-shot; the model selection
             metric ``val/zs_top1``), taken out of the training images.
+        num_colors: colours in use, 3 to 6 (the first of :data:`PALETTE`); fewer colours give fewer
+            captions and zero-shot classes (``10 x n(n-1)``), and more same-colour negatives in a batch.
     """
 
     def __init__(
@@ -263,11 +285,13 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         colorings: int = 1,
         limit: int | None = None,
         num_val_heldout: int = 500,
+        num_colors: int = len(PALETTE),
     ) -> None:
+        check_num_colors(num_colors)
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer"])  # an object: not in hyper-parameters or checkpoints
         self.tokenizer = tokenizer
-        self.zeroshot_classnames, index = digit_classes()
+        self.zeroshot_classnames, index = digit_classes(num_colors)
         self.zeroshot_templates = list(CAPTION_TEMPLATES)
         self.zeroshot_hard_negative = torch.tensor([index[(d, b, f)] for (d, f, b) in index], dtype=torch.long)
         self.data_name = "coloured MNIST digits"
@@ -285,12 +309,13 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         hp, tokenizer = self.hparams, self.tokenizer
         transform = ToFloatTensor(hp.image_size, hp.mean, hp.std)
         splits = colored_digit_splits(hp.num_val, hp.num_test, hp.colorings, 32, hp.split_seed, hp.limit,
-                                      num_val_heldout=hp.num_val_heldout)
-        self.train_set = ColoredDigits(**splits["train"], transform=transform, tokenizer=tokenizer)
-        self.val_set = ColoredDigits(**splits["val"], transform=transform, tokenizer=tokenizer)
-        self.val_heldout_set = ColoredDigits(**splits["val_heldout"], transform=transform, target="label")
-        self.test_set = ColoredDigits(**splits["test"], transform=transform, target="label")
-        self.test_pairs_set = ColoredDigits(**splits["test"], transform=transform, tokenizer=tokenizer)
+                                      num_val_heldout=hp.num_val_heldout, num_colors=hp.num_colors)
+        n = hp.num_colors
+        self.train_set = ColoredDigits(**splits["train"], transform=transform, tokenizer=tokenizer, num_colors=n)
+        self.val_set = ColoredDigits(**splits["val"], transform=transform, tokenizer=tokenizer, num_colors=n)
+        self.val_heldout_set = ColoredDigits(**splits["val_heldout"], transform=transform, target="label", num_colors=n)
+        self.test_set = ColoredDigits(**splits["test"], transform=transform, target="label", num_colors=n)
+        self.test_pairs_set = ColoredDigits(**splits["test"], transform=transform, tokenizer=tokenizer, num_colors=n)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
