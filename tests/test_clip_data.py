@@ -240,6 +240,35 @@ def test_fewer_colours_keep_the_held_out_pairs_out_of_training_and_shrink_the_la
     with pytest.raises(ValueError, match="colour index 5 is outside num_colors=4"):
         it.ColoredDigits(**six["test"], target="label", num_colors=4)
 
+
+def test_a_digit_subset_draws_only_those_digits_and_names_only_their_classes(tmp_path: Path) -> None:
+    import open_clip
+
+    tokenizer = open_clip.get_tokenizer(register_tiny_clip(tmp_path))
+    dm = it.ColoredDigitsDataModule(tokenizer=tokenizer, batch_size=32, num_val=40, num_test=80, num_val_heldout=40,
+                                    limit=400, digits=[3, 1, 7])
+    dm.setup("fit")
+    assert len(dm.zeroshot_classnames) == 3 * 30
+    assert {n.split()[1] for n in dm.zeroshot_classnames} == {"one", "three", "seven"}
+    sets = [dm.train_set, dm.val_set, dm.val_heldout_set, dm.test_set]
+    assert [len(ds) for ds in sets] == [240, 40, 40, 80]  # limit counts images of the kept digits
+    grey, labels = load_mnist_5k()
+    for ds in sets:
+        assert set(ds.digits.tolist()) == {1, 3, 7} and torch.equal(labels[ds.index], ds.digits)
+    for y, d, f, b in zip(dm.test_set.labels.tolist(), dm.test_set.digits.tolist(), dm.test_set.fg.tolist(),
+                          dm.test_set.bg.tolist()):
+        assert dm.zeroshot_classnames[y] == it.class_name(d, f, b)
+    # the held-out split is still the held-out colour pairs, and the four splits share no image
+    assert set(zip(dm.test_set.fg.tolist(), dm.test_set.bg.tolist())) == set(it.heldout_pairs())
+    index = [set(ds.index.tolist()) for ds in sets]
+    assert sum(map(len, index)) == len(set().union(*index))
+    for bad in ([4], [2, 2, 5], [0, 10]):
+        with pytest.raises(ValueError, match="expected at least two distinct digits from 0 to 9"):
+            it.ColoredDigitsDataModule(tokenizer=tokenizer, digits=bad)
+    with pytest.raises(ValueError, match=r"digits \[0, 2\] are outside class_digits=\[1, 3\]"):
+        it.ColoredDigits(torch.zeros(3, 3, 32, 32, dtype=torch.uint8), torch.tensor([0, 1, 2]), torch.zeros(3, dtype=torch.long),
+                         torch.ones(3, dtype=torch.long), target="label", class_digits=[1, 3])
+
 # -- shards ---------------------------------------------------------------------------------------
 COLOURS = [(250, 0, 0), (0, 250, 0), (0, 0, 250)]
 

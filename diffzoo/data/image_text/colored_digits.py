@@ -37,6 +37,17 @@ def check_num_colors(num_colors: int) -> None:
                          f"{', '.join(COLOR_NAMES)})")
 
 
+def check_digits(digits: Sequence[int] | None) -> tuple[int, ...]:
+    """``digits`` as a sorted tuple (None: all ten); ``ValueError`` unless it holds at least two distinct
+    digits from 0 to 9."""
+    if digits is None:
+        return tuple(range(10))
+    out = tuple(sorted({int(d) for d in digits}))
+    if len(out) < 2 or out[0] < 0 or out[-1] > 9 or len(out) != len(list(digits)):
+        raise ValueError(f"digits={list(digits)}: expected at least two distinct digits from 0 to 9")
+    return out
+
+
 def color_pairs(num_colors: int = len(PALETTE)) -> list[tuple[int, int]]:
     """All ordered ``(fg, bg)`` colour index pairs with ``fg != bg``, in a fixed order."""
     return [(f, b) for f in range(num_colors) for b in range(num_colors) if f != b]
@@ -61,10 +72,13 @@ def class_name(digit: int, fg: int, bg: int) -> str:
     return f"{COLOR_NAMES[fg]} {DIGIT_WORDS[digit]} on a {COLOR_NAMES[bg]} background"
 
 
-def digit_classes(num_colors: int = len(PALETTE)) -> tuple[list[str], dict[tuple[int, int, int], int]]:
-    """All ``10 x n(n-1)`` class names (every digit and colour pair) and the ``(digit, fg, bg) -> index`` map."""
+def digit_classes(
+    num_colors: int = len(PALETTE), digits: Sequence[int] | None = None
+) -> tuple[list[str], dict[tuple[int, int, int], int]]:
+    """All ``len(digits) x n(n-1)`` class names (every digit in use, default all ten, with every colour pair)
+    and the ``(digit, fg, bg) -> index`` map."""
     names, index = [], {}
-    for d in range(10):
+    for d in check_digits(digits):
         for f, b in color_pairs(num_colors):
             index[(d, f, b)] = len(names)
             names.append(class_name(d, f, b))
@@ -107,8 +121,8 @@ class ColoredDigits(Dataset):
         as_pil: hand ``transform`` a PIL image instead of a tensor.
         index: ``(N,)`` the MNIST image each item was drawn from (:func:`colored_digit_splits`), kept as
             :attr:`index`; None when unknown.
-        num_colors: the first ``num_colors`` colours of :data:`PALETTE` are in use; sets the label space
-            (:func:`digit_classes`).
+        num_colors, class_digits: the colours (the first ``num_colors`` of :data:`PALETTE`) and digits
+            (default all ten) in use; they set the label space (:func:`digit_classes`).
     """
 
     def __init__(
@@ -123,8 +137,12 @@ class ColoredDigits(Dataset):
         as_pil: bool = False,
         index: Tensor | None = None,
         num_colors: int = len(PALETTE),
+        class_digits: Sequence[int] | None = None,
     ) -> None:
         check_num_colors(num_colors)
+        if len(digits) and not set(digits.unique().tolist()) <= set(check_digits(class_digits)):
+            raise ValueError(f"digits {sorted(set(digits.unique().tolist()) - set(check_digits(class_digits)))} are "
+                             f"outside class_digits={list(check_digits(class_digits))}")
         if len(fg) and int(torch.maximum(fg, bg).max()) >= num_colors:
             raise ValueError(f"colour index {int(torch.maximum(fg, bg).max())} is outside num_colors={num_colors}")
         if target not in ("tokens", "label", "caption"):
@@ -137,7 +155,7 @@ class ColoredDigits(Dataset):
         self.transform = transform if transform is not None else ToFloatTensor()
         self.target, self.as_pil = target, as_pil
         self.captions = [caption(d, f, b) for d, f, b in zip(digits.tolist(), fg.tolist(), bg.tolist())]
-        _, class_index = digit_classes(num_colors)
+        _, class_index = digit_classes(num_colors, class_digits)
         self.labels = torch.tensor([class_index[k] for k in zip(digits.tolist(), fg.tolist(), bg.tolist())], dtype=torch.long)
         self.tokens: Tensor | None = None
         if tokenizer is not None:  # few distinct captions: tokenise each once
@@ -170,6 +188,7 @@ def colored_digit_splits(
     limit: int | None = None,
     num_val_heldout: int = 500,
     num_colors: int = len(PALETTE),
+    digits: Sequence[int] | None = None,
 ) -> dict[str, dict[str, Tensor]]:
     """Render the coloured-digit splits (deterministic for a given ``seed``).
 
@@ -182,13 +201,16 @@ def colored_digit_splits(
 
     ``num_colors`` (3 to 6) uses only the first colours of :data:`PALETTE`: fewer colour pairs, so fewer
     distinct captions, and more images per batch that share a colour pair and differ only in the digit.
-    The default, all six, gives the splits this function always gave.
+    ``digits`` keeps only the MNIST images of those digits (default all ten), before ``limit`` and the split:
+    a smaller task with fewer captions, the colour pairs unchanged. The defaults give the splits this
+    function always gave.
 
     Returns:
         ``{"train"|"val"|"val_heldout"|"test": {"images": uint8 (N, 3, size, size), "digits", "fg", "bg": (N,),
         "index": (N,) the MNIST image index}}``.
     """
     check_num_colors(num_colors)
+    keep = check_digits(digits)
     if size < 28:
         raise ValueError(f"size={size}: the 28x28 digits need a canvas of at least 28 pixels")
     if colorings < 1:
@@ -197,6 +219,8 @@ def colored_digit_splits(
         raise ValueError(f"num_val={num_val}, num_test={num_test}, num_val_heldout={num_val_heldout} must not be negative")
     grey, labels = load_mnist_5k()
     perm = torch.randperm(len(grey), generator=torch.Generator().manual_seed(seed))
+    if digits is not None:
+        perm = perm[torch.isin(labels[perm], torch.tensor(keep))]
     if limit is not None:
         perm = perm[:limit]
     n = len(perm)
@@ -267,7 +291,9 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         num_val_heldout: digit images of the held-out-pair validation split (zero-shot; the model selection
             metric ``val/zs_top1``), taken out of the training images.
         num_colors: colours in use, 3 to 6 (the first of :data:`PALETTE`); fewer colours give fewer
-            captions and zero-shot classes (``10 x n(n-1)``), and more same-colour negatives in a batch.
+            captions and zero-shot classes (``len(digits) x n(n-1)``), and more same-colour negatives in a batch.
+        digits: the digit classes in use (default all ten): only their MNIST images are drawn, so the
+            split sizes above must leave training images out of fewer (about 500 per digit).
     """
 
     def __init__(
@@ -286,12 +312,14 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         limit: int | None = None,
         num_val_heldout: int = 500,
         num_colors: int = len(PALETTE),
+        digits: list[int] | None = None,
     ) -> None:
         check_num_colors(num_colors)
+        check_digits(digits)
         super().__init__()
         self.save_hyperparameters(ignore=["tokenizer"])  # an object: not in hyper-parameters or checkpoints
         self.tokenizer = tokenizer
-        self.zeroshot_classnames, index = digit_classes(num_colors)
+        self.zeroshot_classnames, index = digit_classes(num_colors, digits)
         self.zeroshot_templates = list(CAPTION_TEMPLATES)
         self.zeroshot_hard_negative = torch.tensor([index[(d, b, f)] for (d, f, b) in index], dtype=torch.long)
         self.data_name = "coloured MNIST digits"
@@ -309,13 +337,13 @@ class ColoredDigitsDataModule(pl.LightningDataModule):
         hp, tokenizer = self.hparams, self.tokenizer
         transform = ToFloatTensor(hp.image_size, hp.mean, hp.std)
         splits = colored_digit_splits(hp.num_val, hp.num_test, hp.colorings, 32, hp.split_seed, hp.limit,
-                                      num_val_heldout=hp.num_val_heldout, num_colors=hp.num_colors)
-        n = hp.num_colors
-        self.train_set = ColoredDigits(**splits["train"], transform=transform, tokenizer=tokenizer, num_colors=n)
-        self.val_set = ColoredDigits(**splits["val"], transform=transform, tokenizer=tokenizer, num_colors=n)
-        self.val_heldout_set = ColoredDigits(**splits["val_heldout"], transform=transform, target="label", num_colors=n)
-        self.test_set = ColoredDigits(**splits["test"], transform=transform, target="label", num_colors=n)
-        self.test_pairs_set = ColoredDigits(**splits["test"], transform=transform, tokenizer=tokenizer, num_colors=n)
+                                      num_val_heldout=hp.num_val_heldout, num_colors=hp.num_colors, digits=hp.digits)
+        space = {"num_colors": hp.num_colors, "class_digits": hp.digits, "transform": transform}
+        self.train_set = ColoredDigits(**splits["train"], tokenizer=tokenizer, **space)
+        self.val_set = ColoredDigits(**splits["val"], tokenizer=tokenizer, **space)
+        self.val_heldout_set = ColoredDigits(**splits["val_heldout"], target="label", **space)
+        self.test_set = ColoredDigits(**splits["test"], target="label", **space)
+        self.test_pairs_set = ColoredDigits(**splits["test"], tokenizer=tokenizer, **space)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
