@@ -58,8 +58,8 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert len(lrs) >= (5 if cell.lr_from is None else 3)
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
-    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "lm",
-                      "lm-2k", "needle"}
+    assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
+                      "lm", "lm-2k", "needle"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task, extra arguments too
     assert all(c.extra == by_name[c.lr_from].extra for c in plan.CELLS if c.epochs_factor is not None)
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
@@ -150,6 +150,13 @@ def test_headline_applies_one_holm_over_every_cell(tmp_path):
     assert "lm-2k" not in table and "| lm-2k (test/loss) |" in plan.headline_table(result, earlier=True)
     block = plan.earlier_block(result)
     assert block.startswith(plan.EARLIER_TITLE) and "\n\n2 comparisons; p Holm here" in block
+    # the cells one task change replaced are named in one sentence, the replacing cell and its arguments once
+    changed = {**result, "task_changed": {"clip-40ep": ("clip", ["--x", "1"]), "clip-80ep": ("clip", ["--x", "1"]),
+                                          "cluttered-30ep": ("cluttered", ["--data.k", "2"])}}
+    block = plan.earlier_block(changed)
+    assert ("`clip` also changed the task (it trains with `--x 1`, `clip-40ep` and `clip-80ep` did not); "
+            "`cluttered` also changed the task (it trains with `--data.k 2`, `cluttered-30ep` did not)") in block
+    assert block.count("`clip` also changed") == 1
     assert "| 24, 0.4 | `python -m recipes.study run --cells lm` |" in table  # each row: its runs, hours, command
     assert "| cluttered | running: 6 runs recorded, 6 of 24 main final runs |" in table
     assert all(p["flat"] for r in rows for p in r["plateau"])
@@ -341,7 +348,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
     quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
-              "clip-40ep (test/zs_top1)": (2, 2), "clip": (2, 2), "clip (test/zs_top1)": (2, 2)}
+              "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -372,7 +379,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert all(r["flat_longer"] for r in rows.values())  # "all three 80-epoch curves were flat"
     assert f"{phrase} points" in page, phrase
     # CLIP's 80-epoch check: every curve flat by the rule at both budgets, yet softmax gains the most at 160
-    rows, phrase = budget_check("clip-2x", 2)
+    rows, phrase = budget_check("clip-80ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
     assert all(r["flat"] and r["flat_longer"] for r in rows.values())
     gain = {v: r["longer"] - r["budget"] for v, r in rows.items()}
@@ -465,7 +472,8 @@ def test_readme_summary_is_what_the_records_give():
     assert "lead on one seed's validation recall from 9.8 to 1.6 points" in " ".join(readme.split())  # clip-2x, above
     for name, variant, text in (("lm", "diff", "+0.012"), ("vit-40ep", "diff", "-0.94"), ("vit", "diff", "-0.21"),
                                 ("lm-2k", "diff", "+0.043"), ("cluttered-30ep", "diff", "-12.7"),
-                                ("clip", "diff_v2_matched", "+4.5"), ("clip (test/zs_top1)", "diff_v2_matched", "+6.2")):
+                                ("clip-80ep", "diff_v2_matched", "+4.5"),
+                                ("clip-80ep (test/zs_top1)", "diff_v2_matched", "+6.2")):
         diff = next(r for r in result["cells"][name]["rows"] if r["variant"] == variant)["vs"]["diff"]
         assert f"{diff:+.{len(text.split('.')[1])}f}" == text, (name, diff)
     for name, cell in result["cells"].items():  # a cell shown with a variant missing is named as still to come
