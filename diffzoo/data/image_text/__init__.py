@@ -10,7 +10,7 @@ image-text pairs. Two sources are provided here:
   test split, while their swapped pairs (``blue`` on ``red``) are trained on, so scoring the held-out
   pairs needs the caption's attributes bound to the right object, not a bag of words. Digit images are
   split first (train / val / test images are disjoint), then coloured. ``num_colors`` (3 to 6) keeps
-  only the first colours: fewer captions, and more images in a batch that differ only in the digit.
+  only the first colours and ``digits`` a subset of the digits: smaller tasks with fewer captions.
 * **Image-text shards** in the CC3M / CC12M webdataset layout (``<key>.jpg`` + ``<key>.txt``, as written
   by img2dataset): brace-expanded URLs, split by node and DataLoader worker, UTF-8 captions tokenised by
   a passed tokenizer; a corrupt shard or sample is logged, counted and skipped.
