@@ -140,9 +140,10 @@ class ColoredDigits(Dataset):
         class_digits: Sequence[int] | None = None,
     ) -> None:
         check_num_colors(num_colors)
-        outside = sorted(set(digits.unique().tolist()) - set(check_digits(class_digits)))
+        allowed = check_digits(class_digits)
+        outside = sorted(set(digits.unique().tolist()) - set(allowed))
         if outside:
-            raise ValueError(f"digits {outside} are outside class_digits={list(check_digits(class_digits))}")
+            raise ValueError(f"digits {outside} are outside class_digits={list(allowed)}")
         if len(fg) and int(torch.maximum(fg, bg).max()) >= num_colors:
             raise ValueError(f"colour index {int(torch.maximum(fg, bg).max())} is outside num_colors={num_colors}")
         if target not in ("tokens", "label", "caption"):
