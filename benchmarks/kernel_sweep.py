@@ -16,7 +16,9 @@ this sweep is how an entry earns its place there. For each kernel and head width
    ``bwd_kv`` by forward + backward (the default, non-deterministic backward: dQ by atomics);
    ``bwd_q`` by forward + backward with deterministic algorithms (the only path that launches it);
 3. prints each list fastest first, and the forward + backward of the fastest of each kernel together
-   beside the pinned entries and the ``sdpa`` backend, on the same inputs.
+   beside the pinned entries (the two alternated three times, medians) and the ``sdpa`` backend, on the
+   same inputs; where ``bwd_q`` was timed, that pair again with deterministic algorithms (the default
+   backward does not launch ``bwd_q``, so only this line says whether its pinned entry should change).
 
 Shapes as ``python -m benchmarks.kernels``: bf16, model width ``D = 2H * d`` (default 2048), ``B * N =
 16K`` tokens. It prints its progress (every 10 candidates checked, every candidate timed) and rewrites
@@ -31,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -43,6 +46,7 @@ from benchmarks.kernels import _make_case, _time_ms
 
 MAX_ERR = 2e-2
 KINDS = ("fwd", "bwd_kv", "bwd_q")
+ROUNDS = 3  # alternations of the best-together and pinned timings
 
 
 def grid(kind: str, d: int, shipped: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
@@ -173,12 +177,31 @@ def time_group(rows: list[dict], d: int, causal: bool, n: int, width: int, token
         if timed:
             best[kind] = tuple(min(timed, key=lambda r: r["ms"])["config"])
     entry: dict = dict(d=d, causal=causal, best=best)
-    with contextlib.ExitStack() as stack:
-        for kind, c in best.items():
-            stack.enter_context(td.forced_config(kind, c))
-        entry["best_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, device)
-    with _forced(None, None, d, family):
-        entry["pinned_fwd_bwd_ms"] = _time_ms(forward_backward, warmup, reps, device)
+
+    def together(which: str, deterministic: bool) -> float:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_forced(None, None, d, family))  # a kernel with no timed candidate stays pinned
+            if which == "best":
+                for kind, c in best.items():
+                    stack.enter_context(td.forced_config(kind, c))
+            torch.use_deterministic_algorithms(deterministic, warn_only=True)
+            try:
+                return _time_ms(forward_backward, warmup, reps, device)
+            finally:
+                torch.use_deterministic_algorithms(False)
+
+    # The fastest of each kernel together against the pinned entries, alternated ROUNDS times (median). The
+    # default backward never launches bwd_q, so where bwd_q was timed the pair is timed again with
+    # deterministic algorithms, the only path that runs it.
+    modes = [("", False)] + ([("det_", True)] if "bwd_q" in best else [])
+    for prefix, deterministic in modes:
+        times: dict = {"best": [], "pinned": []}
+        for _ in range(ROUNDS):
+            for which in times:
+                times[which].append(together(which, deterministic))
+        for which, ts in times.items():
+            entry[f"{prefix}{which}_fwd_bwd_ms"] = statistics.median(ts)
+            entry[f"{prefix}{which}_fwd_bwd_runs_ms"] = ts
     _, sdpa_fb, _ = _make_case("sdpa", B, n, width, d, causal, device)
     entry["sdpa_fwd_bwd_ms"] = _time_ms(sdpa_fb, warmup, reps, device)
     return entry
@@ -252,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, e in summary.items():
         print(f"{name:12s} best {e['best_fwd_bwd_ms']:8.3f}  pinned {e['pinned_fwd_bwd_ms']:8.3f}  "
               f"sdpa {e['sdpa_fwd_bwd_ms']:8.3f}  best = {e['best']}")
+        if "det_best_fwd_bwd_ms" in e:
+            print(f"{'':12s} deterministic: best {e['det_best_fwd_bwd_ms']:8.3f}  "
+                  f"pinned {e['det_pinned_fwd_bwd_ms']:8.3f}")
     return 0
 
 

@@ -76,3 +76,9 @@ print(json.dumps(dict(rows=rows, entry={k: v for k, v in entry.items() if k != "
         assert r["ms"] > 0
     assert got["best"] == sorted(ks.KINDS)
     assert all(got["entry"][k] > 0 for k in ("best_fwd_bwd_ms", "pinned_fwd_bwd_ms", "sdpa_fwd_bwd_ms"))
+    # bwd_q runs only with deterministic algorithms, so its pinned-or-best pair is timed that way too
+    for which in ("best", "pinned"):
+        for prefix in ("", "det_"):
+            runs = got["entry"][f"{prefix}{which}_fwd_bwd_runs_ms"]
+            assert len(runs) == ks.ROUNDS and all(t > 0 for t in runs)
+            assert got["entry"][f"{prefix}{which}_fwd_bwd_ms"] == sorted(runs)[len(runs) // 2]
