@@ -42,7 +42,7 @@ from multiprocessing import get_context
 
 import torch
 
-from benchmarks.kernels import _make_case, _time_ms
+from benchmarks.kernels import _make_case, _time_ms, diff_inputs
 
 MAX_ERR = 2e-2
 KINDS = ("fwd", "bwd_kv", "bwd_q")
@@ -106,12 +106,8 @@ def _outputs(case, deterministic: bool):
 
 def _inputs(n: int, width: int, tokens: int, d: int, causal: bool, device: str = "cuda"):
     g = torch.Generator(device=device).manual_seed(0)
-    heads, B = width // d, max(1, tokens // n)
-    q, k = (torch.randn(B, heads, n, d, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
-            for _ in range(2))
-    v = torch.randn(B, heads // 2, n, 2 * d, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
-    lam = torch.tensor(0.5, device=device, requires_grad=True)
-    dout = torch.randn(B, heads // 2, n, 2 * d, device=device, dtype=torch.bfloat16, generator=g)
+    q, k, v, lam = diff_inputs(max(1, tokens // n), n, width, d, device, g)
+    dout = torch.randn(v.shape, device=device, dtype=torch.bfloat16, generator=g)
     return q, k, v, lam, dout, causal
 
 

@@ -86,6 +86,15 @@ def sdpa_kernels(fn: Callable[[], object]) -> str:
     return "+".join(sorted(set(chosen)))
 
 
+def diff_inputs(B: int, N: int, width: int, d: int, device: str, generator: torch.Generator) -> tuple:
+    """bf16 leaves ``(q, k, v, lam)`` of a differential call at model width ``width`` (2H heads of width d)."""
+    heads = width // d
+    q, k = (torch.randn(B, heads, N, d, device=device, dtype=torch.bfloat16, generator=generator).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(B, heads // 2, N, 2 * d, device=device, dtype=torch.bfloat16, generator=generator)
+    return q, k, v.requires_grad_(), torch.tensor(0.5, device=device, requires_grad=True)
+
+
 def _make_case(row: str, B: int, N: int, width: int, d: int, causal: bool, device: str):
     """``(forward, forward_backward, sdpa kernel)`` for one row."""
     from diffzoo.kernels import diff_attention
@@ -101,10 +110,7 @@ def _make_case(row: str, B: int, N: int, width: int, d: int, causal: bool, devic
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     else:
-        q = torch.randn(B, heads, N, d, device=device, dtype=dt, generator=g).requires_grad_()
-        k = torch.randn(B, heads, N, d, device=device, dtype=dt, generator=g).requires_grad_()
-        v = torch.randn(B, heads // 2, N, 2 * d, device=device, dtype=dt, generator=g).requires_grad_()
-        lam = torch.tensor(0.5, device=device, requires_grad=True)
+        q, k, v, lam = diff_inputs(B, N, width, d, device, g)
         leaves = (q, k, v, lam)
 
         def fwd():
