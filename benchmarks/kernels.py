@@ -23,6 +23,11 @@ warm-up (the first calls also autotune the Triton kernels); ``x std`` is the tim
 row's time. Without CUDA the table runs in Triton's interpreter (``TRITON_INTERPRET=1``) and times
 nothing meaningful: that mode only checks that the benchmark itself works.
 
+``--compare-dq`` times the ``triton`` forward + backward with dQ by atomic adds and by the atomic-free dQ
+kernel (``diffzoo.kernels.triton_diff.dq_path``), both autotuned, alternated ``--rounds`` times per cell
+(medians of the per-round medians), and prints ``split / atomic``: the measurement behind each GPU
+family's default path (``DQ_DEFAULT``).
+
 ``--static`` compiles every shipped configuration of the Triton kernels for sm_90a (H100) and sm_80 as a
 launch specialises it, and prints registers, spills, shared memory, the MMA instruction and replicated
 tiles of every product, pipelining and atomic semantics (:mod:`diffzoo.kernels.triton_build`).
@@ -171,6 +176,45 @@ def run(
     return results
 
 
+def compare_dq(ns: list[int], ds: list[int], causals: list[bool], width: int, tokens: int, warmup: int, reps: int,
+               rounds: int, device: str = "cuda") -> list[dict]:
+    """``triton`` forward + backward on each dQ path, the two alternated ``rounds`` times per cell."""
+    from diffzoo.kernels import triton_diff as td
+
+    results = []
+    for causal in causals:
+        for d in ds:
+            for N in ns:
+                B = max(1, tokens // N)
+                entry: dict = dict(causal=causal, d=d, N=N, B=B, width=width)
+                try:
+                    _, forward_backward, _ = _make_case("triton", B, N, width, d, causal, device)
+                    runs: dict[str, list[float]] = {path: [] for path in td.DQ_PATHS}
+                    for _ in range(rounds):
+                        for path in td.DQ_PATHS:
+                            with td.dq_path(path):
+                                runs[path].append(_time_ms(forward_backward, warmup, reps, device))
+                except Exception as e:  # out of memory, a compile failure
+                    entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+                else:
+                    for path, ts in runs.items():
+                        entry[f"{path}_runs_ms"] = ts
+                        entry[f"{path}_ms"] = statistics.median(ts)
+                    entry["split_over_atomic"] = entry["split_ms"] / entry["atomic_ms"]
+                results.append(entry)
+                head = f"{str(causal):6s} {d:4d} {N:6d} {B:3d} | "
+                print(head + (f"failed: {entry['error']}" if "error" in entry else
+                              f"{entry['atomic_ms']:9.3f} {entry['split_ms']:9.3f} {entry['split_over_atomic']:7.3f} | "
+                              + " ".join(f"{t:.3f}" for t in entry["atomic_runs_ms"]) + " / "
+                              + " ".join(f"{t:.3f}" for t in entry["split_runs_ms"])), flush=True)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+    return results
+
+
+DQ_HEADER = f"{'causal':6s} {'d':>4s} {'N':>6s} {'B':>3s} | {'atomic ms':>9s} {'split ms':>9s} {'split/at':>7s} | runs"
+
+
 _HEADER = (f"{'row':9s} {'causal':6s} {'d':>4s} {'N':>6s} {'B':>3s} | {'fwd ms':>8s} {'TFLOP/s':>7s} | "
            f"{'f+b ms':>8s} {'TFLOP/s':>7s} {'x std':>6s} | sdpa kernel")
 
@@ -230,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deterministic", action="store_true",
                    help="time under torch.use_deterministic_algorithms(True) (warn only): the triton rows then "
                         "compute dQ in its own atomic-free kernel")
+    p.add_argument("--compare-dq", action="store_true",
+                   help="time the triton forward + backward with dQ by atomics and by the atomic-free kernel, "
+                        "alternated --rounds times per cell")
+    p.add_argument("--rounds", type=int, default=3, help="alternations of --compare-dq")
     p.add_argument("--static", "--ptxas", dest="static", action="store_true",
                    help="print the build report of the shipped Triton configurations (no GPU needed)")
     p.add_argument("--arch", type=int, nargs="+", default=[90, 80], choices=[90, 80], help="targets of --static")
@@ -240,8 +288,27 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.kernels: no CUDA device on this machine; kernel throughput needs a GPU (nothing measured).")
         return 0
-    rows = ["standard"] + [r for r in args.rows if r != "standard"] if "standard" in args.rows else args.rows
     causals = {"yes": [True], "no": [False], "both": [False, True]}[args.causal]
+    if args.compare_dq:
+        from diffzoo.kernels import triton_diff as td
+
+        family = td.target_family(torch.cuda.get_device_capability())
+        print(f"device: {torch.cuda.get_device_name()} ({family}: default dQ path {td.DQ_DEFAULT[family]}), "
+              f"torch {torch.__version__}, bf16, model width D = {args.width}, B * N = {args.tokens} tokens; "
+              f"triton forward + backward, medians of {args.rounds} alternated rounds of {args.reps} timings")
+        print(DQ_HEADER)
+        print("-" * len(DQ_HEADER))
+        results = compare_dq(args.n, args.d, causals, args.width, args.tokens, args.warmup, args.reps, args.rounds)
+        ratios = [r["split_over_atomic"] for r in results if "error" not in r]
+        if ratios:
+            print(f"split / atomic: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-{max(ratios):.3f}, "
+                  f"split faster in {sum(x < 1 for x in ratios)} of {len(ratios)} cells")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, family=family,
+                               rounds=args.rounds, rows=results), f, indent=1)
+        return 0
+    rows = ["standard"] + [r for r in args.rows if r != "standard"] if "standard" in args.rows else args.rows
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, model width D = {args.width}, "
           f"B * N = {args.tokens} tokens")
     print("TFLOP/s count the FLOPs of docs/design.md (Kernel cost model): differential rows 6 N^2 D (fwd) / "

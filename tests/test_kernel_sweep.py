@@ -58,7 +58,10 @@ rows = [ks.check_one(it, n=48, width=32, tokens=48, family="sm90", device="cpu")
 entry = ks.time_group(rows, 16, True, 48, 32, 48, warmup=0, reps=1, family="sm90", device="cpu")
 from diffzoo.kernels import triton_diff as td
 print(ks.format_rows(rows, lambda kind, d: td.CONFIGS[kind]["sm90"][td.width_bucket(d)]))
-print(json.dumps(dict(rows=rows, entry={k: v for k, v in entry.items() if k != "best"}, best=sorted(entry["best"]))))
+from benchmarks import kernels as kb
+dq = kb.compare_dq([48], [16], [True], width=32, tokens=48, warmup=0, reps=1, rounds=2, device="cpu")
+print(json.dumps(dict(rows=rows, entry={k: v for k, v in entry.items() if k != "best"}, best=sorted(entry["best"]),
+                      dq=dq)))
 '''
     env = dict(os.environ, TRITON_INTERPRET="1")
     root = Path(__file__).resolve().parents[1]
@@ -66,7 +69,7 @@ print(json.dumps(dict(rows=rows, entry={k: v for k, v in entry.items() if k != "
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     got = json.loads(lines[-1])
-    table = lines[-5:-1]  # the printed list: a header and one line per candidate, each with its time
+    table = lines[-6:-2]  # the printed list (then the dQ comparison's line): a header and one line per candidate, each with its time
     assert table[0].startswith("kernel")
     assert sorted(line.split()[0] for line in table[1:]) == sorted(ks.KINDS)
     assert all(re.search(r" \d+\.\d{3}  .*err \d", line) for line in table[1:]), table  # a time and an error each
@@ -82,3 +85,10 @@ print(json.dumps(dict(rows=rows, entry={k: v for k, v in entry.items() if k != "
             runs = got["entry"][f"{prefix}{which}_fwd_bwd_runs_ms"]
             assert len(runs) == ks.ROUNDS and all(t > 0 for t in runs)
             assert got["entry"][f"{prefix}{which}_fwd_bwd_ms"] == sorted(runs)[len(runs) // 2]
+    # the dQ-path comparison (benchmarks.kernels --compare-dq): both paths timed once per round, alternated
+    (dq,) = got["dq"]
+    assert "error" not in dq, dq
+    for path in ("atomic", "split"):
+        assert len(dq[f"{path}_runs_ms"]) == 2 and all(t > 0 for t in dq[f"{path}_runs_ms"])
+    assert dq["split_over_atomic"] == pytest.approx(dq["split_ms"] / dq["atomic_ms"])
+    assert lines[-2].split()[:3] == ["True", "16", "48"]

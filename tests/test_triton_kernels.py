@@ -240,12 +240,37 @@ def test_inference_matches_training_forward():
 
 
 def test_gradient_paths_agree():
-    """Atomic dQ and the deterministic dQ kernel give the same gradients."""
+    """Atomic dQ, the atomic-free dQ kernel and the deterministic path give the same gradients."""
     q, k, v, lam = make_inputs(B=1, H=2, Hkv=1, Nq=40, Nk=40)
-    got_atomic, _ = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=False)
+    with td.dq_path("atomic"):
+        got_atomic, want = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=False)
+    with td.dq_path("split"):
+        got_split, _ = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=False)
     got_det, _ = run_both(q, k, v, lam, causal=True, blocks=(16, 16), det=True)
-    for name, a, b in zip(NAMES, got_atomic, got_det):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    for name, a, b, c, r in zip(NAMES, got_atomic, got_split, got_det, want):
+        torch.testing.assert_close(a, r.to(a.dtype), atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+        for other in (b, c):
+            torch.testing.assert_close(a, other, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    # the split path with deterministic algorithms off and on runs the same kernels on the same blocks
+    for name, b, c in zip(NAMES, got_split, got_det):
+        torch.testing.assert_close(b, c, atol=0, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_dq_path_default_per_family_and_its_override(monkeypatch):
+    assert td._split_dq(deterministic=True) and not td._split_dq(deterministic=False)  # interpreter: atomic
+    monkeypatch.setattr(td, "INTERPRET", False)
+    for family, path in td.DQ_DEFAULT.items():
+        monkeypatch.setattr(td, "_device_family", lambda family=family: family)
+        assert td._split_dq(deterministic=False) == (path == "split"), family
+        assert td._split_dq(deterministic=True), family  # deterministic algorithms always take the split path
+        for forced in td.DQ_PATHS:
+            with td.dq_path(forced):
+                assert td._split_dq(deterministic=False) == (forced == "split")
+                assert td._split_dq(deterministic=True)
+    with pytest.raises(ValueError, match="unknown dQ path 'fast'"):
+        with td.dq_path("fast"):
+            pass
+    assert td._forced_dq is None
 
 
 def test_public_entry_point_selects_triton():
@@ -459,11 +484,11 @@ def test_launch_grids_stay_within_cuda_limits(monkeypatch):
     monkeypatch.setattr(td, "_run_kernel", record)
     B, H = 35000, 2  # B * H = 70000 programs per query tile
     q, k, v, lam = make_inputs(B=B, H=H, Hkv=H, Nq=1, Nk=1)
-    for det in (False, True):
-        with deterministic(det):
+    for det, path in ((False, "atomic"), (False, "split"), (True, "atomic")):
+        with deterministic(det), td.dq_path(path):
             out = td.diff_attention_triton(q, k, v, lam)
             torch.autograd.grad(out, (q, k, v, lam), torch.ones_like(out))
-    assert len(grids) == 2 * 3 + 1  # forward, delta, dK/dV (+ dQ when deterministic)
+    assert len(grids) == 3 * 3 + 2  # forward, delta, dK/dV (+ dQ on the split path and when deterministic)
     for grid in grids:
         assert grid[0] >= B * H and grid[0] <= 2**31 - 1
         assert all(n <= 65535 for n in grid[1:]), grid

@@ -60,7 +60,8 @@ from diffzoo.kernels import triton_build as tb, triton_diff as td
 fn, args, kwargs = tb.capture_launches(64, tb.Problem(), {"fwd": (64, 32, 4, 2)})["fwd"]
 kernel = tb.compile_launch(fn, args, kwargs, 90)
 ttir = kernel.asm["ttir"]
-relaxed = tb.build_report("bwd_kv", 64, (16, 128, 8, 2), 90)
+relaxed = tb.build_report("bwd_kv", 64, (16, 128, 8, 2), 90, dq="atomic")
+split = tb.build_report("bwd_kv", 64, (16, 128, 8, 2), 90, dq="split")
 replicated = tb.build_report("fwd", 64, (64, 64, 8, 2), 90)
 src = open(td.__file__).read()
 print(json.dumps(dict(
@@ -69,6 +70,7 @@ print(json.dumps(dict(
     atomics=relaxed.atomics, membar=relaxed.sass_membar,
     copies={p.name: p.copies for p in replicated.products},
     kinds={p.name: p.kind for p in relaxed.products},
+    split_atomics=split.atomics, split_products=sorted({p.name for p in split.products}),
 )))
 '''
     proc = _run(code)
@@ -81,6 +83,8 @@ print(json.dumps(dict(
     assert set(got["atomics"]) == {"relaxed"} and got["membar"] == 0
     assert got["copies"]["s1"] == 2 and got["copies"]["pv1"] == 1
     assert got["kinds"]["s1"] == "wgmma" and got["kinds"]["dq1"] == "mma.sync"  # dQ tiles have 16 rows
+    # on the split dQ path the dK/dV kernel has neither the dQ products nor their atomics
+    assert got["split_atomics"] == {} and got["split_products"] == ["dk1", "dk2", "dp", "dv", "s1", "s2"]
 
 
 def test_docs_name_every_exception():

@@ -43,7 +43,8 @@ PINNED_SHARED_LIMIT = {90: 232448, 80: 101376}
 # faster than the spill-free pinned entry it replaced. Larger spills stay out.
 SPILL_LIMIT = 256
 ARCH_FAMILY = {90: "sm90", 80: "sm80"}
-KIND_LABEL = {"fwd": "forward", "bwd_kv": "backward dK/dV (+ atomic dQ)", "bwd_q": "backward dQ (no atomics)"}
+KIND_LABEL = {"fwd": "forward", "bwd_kv": "backward dK/dV (+ dQ by atomics on the atomic dQ path)",
+              "bwd_q": "backward dQ (no atomics)"}
 # The products of each kernel, by the variable their result is assigned to in triton_diff.py.
 PRODUCTS = {
     "fwd": {"s1": "Q1 K1^T", "s2": "Q2 K2^T", "pv1": "P1 V", "pv2": "P2 V"},
@@ -67,7 +68,8 @@ class Problem:
     def describe(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
         return (f"{dt}, B={self.batch}, H={self.heads}, H_kv={self.kv_heads}, N={self.tokens}, "
-                f"causal={self.causal}, contiguous (B, heads, N, width) tensors, training (dQ by atomics)")
+                f"causal={self.causal}, contiguous (B, heads, N, width) tensors, training (dQ on each family's "
+                f"default path: {', '.join(f'{fam} {path}' for fam, path in td.DQ_DEFAULT.items())})")
 
 
 @dataclass
@@ -157,11 +159,11 @@ def unexplained(report: BuildReport, pinned: bool = False) -> list[str]:
 
 
 def capture_launches(d: int, problem: Problem = Problem(), config: dict[str, td.Config] | None = None,
-                     deterministic: bool = False) -> dict[str, tuple]:
+                     deterministic: bool = False, dq: str = "atomic") -> dict[str, tuple]:
     """``{kernel kind: (jit function, args, kwargs)}`` of a forward and backward of ``problem``.
 
     Runs ``_forward_impl`` and ``_backward_impl`` on CPU tensors with the launch replaced by a recorder,
-    with ``config[kind]`` forced for each kernel.
+    with ``config[kind]`` forced for each kernel and dQ on path ``dq`` (``"split"`` when deterministic).
     """
     if td.INTERPRET:
         raise RuntimeError("the build report compiles kernels: run it without TRITON_INTERPRET=1")
@@ -183,6 +185,7 @@ def capture_launches(d: int, problem: Problem = Problem(), config: dict[str, td.
         forced = {kind: (64, 64, 4, 1) for kind in td.KERNELS}  # every launch forced: no device is asked
         forced.update(config or {})
         with contextlib.ExitStack() as stack:
+            stack.enter_context(td.dq_path(dq))
             for kind, cfg in forced.items():
                 stack.enter_context(td.forced_config(kind, cfg))
             out, parts, lse = td._forward_impl(q, k, v, lam, None, None, p.causal, d**-0.5, True, deterministic)
@@ -322,10 +325,16 @@ def parse_atomics(ptx: str) -> dict[str, int]:
     return sems
 
 
-def build_report(kind: str, d: int, config: td.Config, arch: int, problem: Problem = Problem()) -> BuildReport:
-    """Compile kernel ``kind`` for head width ``d`` with ``config`` as a launch would, and read the build."""
+def build_report(kind: str, d: int, config: td.Config, arch: int, problem: Problem = Problem(),
+                 dq: str | None = None) -> BuildReport:
+    """Compile kernel ``kind`` for head width ``d`` with ``config`` as a launch would, and read the build.
+
+    ``dq``: the dQ path of the backward; by default the family's (``td.DQ_DEFAULT``), which decides whether
+    the dK/dV kernel carries the atomic dQ products.
+    """
+    dq = dq or td.DQ_DEFAULT[ARCH_FAMILY[arch]]
     try:
-        fn, args, kwargs = capture_launches(d, problem, {kind: config}, deterministic=kind == "bwd_q")[kind]
+        fn, args, kwargs = capture_launches(d, problem, {kind: config}, deterministic=kind == "bwd_q", dq=dq)[kind]
         kernel = compile_launch(fn, args, kwargs, arch)
         regs, spill = _ptxas_usage(kernel.asm["ptx"], arch)
     except Exception as e:  # noqa: BLE001 - a configuration that does not build is a finding, not a crash

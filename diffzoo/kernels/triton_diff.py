@@ -14,10 +14,13 @@ follow FlashAttention-2 (Dao, arXiv 2307.08691) with both branches fused:
   heads, so grouped-query heads need no atomics for dK/dV): recomputes ``P1, P2`` from the saved
   log-sum-exps, ``dV = (P1 - lam P2)^T dO`` once, ``dP = dO V^T`` once for both branches,
   ``dS1 = P1 (dP - D1)``, ``dS2 = -lam P2 (dP - D2)``, ``dK1 = s dS1^T Q1``, ``dK2 = s dS2^T Q2``.
-  ``dQ`` is accumulated from the same program with relaxed fp32 atomic adds (no recomputation), or,
-  when ``torch.are_deterministic_algorithms_enabled()``, by a separate atomic-free dQ kernel that
-  recomputes ``P1, P2, dP`` per query tile; every kernel then runs its pinned configuration (no
-  autotuning), so the result is bit-identical from one process to the next on the same GPU.
+* **Backward dQ**, one of two paths: ``"atomic"``, the dK/dV program adds each key tile's share of dQ
+  into an fp32 buffer with relaxed atomic adds (no recomputation); or ``"split"``, a separate
+  atomic-free kernel (one program per query tile) recomputes ``P1, P2, dP`` and writes dQ once (no fp32
+  buffer; 16 instead of 14 N^2 D FLOPs). ``DQ_DEFAULT`` picks the path per GPU family from timings on a
+  GPU (docs/kernels.md); ``torch.are_deterministic_algorithms_enabled()`` always takes ``"split"`` and
+  runs every kernel on its pinned configuration (no autotuning), so the result is bit-identical from one
+  process to the next on the same GPU.
 
 Launch geometry: one flat grid axis of ``row tiles x batch x heads`` programs (axis 0, not capped at
 65,535), batch/head/row-block offsets in 64-bit arithmetic. A running maximum stays ``-inf`` while a
@@ -590,7 +593,8 @@ CONFIGS: dict[str, dict[str, dict[int, list[Config]]]] = {
 KERNELS = {"fwd": _fwd_kernel, "bwd_kv": _bwd_kv_kernel, "bwd_q": _bwd_q_kernel}
 # Autotuning key: the compile-time flags and the sequence lengths in powers of two, so that a new length
 # bucket is timed again while a kv-cache that grows by one token is not.
-TUNE_KEY = ["D", "DV", "CAUSAL", "HAS_KPB", "HAS_BIAS", "NQ_BUCKET", "NK_BUCKET"]
+# DQ_ATOMIC (dK/dV kernel only; a key a kernel lacks is ignored) keeps the two dQ paths' timings apart.
+TUNE_KEY = ["D", "DV", "CAUSAL", "HAS_KPB", "HAS_BIAS", "NQ_BUCKET", "NK_BUCKET", "DQ_ATOMIC"]
 MAX_TILE = 128  # the largest BLOCK_M / BLOCK_N of any configuration (bounds the 32-bit in-tile offsets)
 _INT32_MAX = 2**31 - 1
 
@@ -633,10 +637,17 @@ TUNED = {
     "bwd_q": _autotune("bwd_q")(_bwd_q_kernel),
 }
 
+# dQ path of the backward when deterministic algorithms are off, per configuration family. Hopper: "split"
+# (the atomic-free dQ kernel) was faster than atomic adds in the H100 timings of docs/kernels.md ("A third
+# H100 lease"). Ampere keeps "atomic": no GPU of that family has timed the two.
+DQ_PATHS = ("atomic", "split")
+DQ_DEFAULT = {"sm90": "split", "sm80": "atomic"}
+
 # Test hooks: fill every output buffer with NaN before the kernels write (catches unwritten elements),
 # and force a configuration per kernel (block sizes alone in the interpreter).
 _poison = False
 _forced: dict[str, Config] = {}
+_forced_dq: str | None = None
 
 
 @contextlib.contextmanager
@@ -656,6 +667,31 @@ def forced_config(kind: str, config: Config) -> Iterator[None]:
             _forced.pop(kind, None)
         else:
             _forced[kind] = old
+
+
+@contextlib.contextmanager
+def dq_path(path: str) -> Iterator[None]:
+    """Compute dQ by ``path`` (``"atomic"`` or ``"split"``) instead of the device's default, for tests and
+    benchmarks; deterministic algorithms still take ``"split"``."""
+    global _forced_dq
+    if path not in DQ_PATHS:
+        raise ValueError(f"unknown dQ path {path!r}; choose from {list(DQ_PATHS)}")
+    old, _forced_dq = _forced_dq, path
+    try:
+        yield
+    finally:
+        _forced_dq = old
+
+
+def _split_dq(deterministic: bool) -> bool:
+    """Whether the backward computes dQ in the atomic-free kernel."""
+    if deterministic:
+        return True
+    if _forced_dq is not None:
+        return _forced_dq == "split"
+    if INTERPRET:  # no device family on CPU: the interpreter's default path is the atomic one
+        return False
+    return DQ_DEFAULT[_device_family()] == "split"  # pragma: no cover - needs a CUDA device
 
 
 @contextlib.contextmanager
@@ -783,7 +819,8 @@ def _backward_impl(
         D=D, DV=DV, CAUSAL=causal, HAS_KPB=kpb is not None, HAS_BIAS=bias is not None, UPCAST=INTERPRET,
         PREC=_precision(q.dtype),
     )
-    if deterministic:
+    split = _split_dq(deterministic)
+    if split:
         dq = _alloc(q.shape, q.dtype, q.device)
         dq_acc = torch.zeros(1, dtype=torch.float32, device=q.device)  # unused
     else:
@@ -793,9 +830,9 @@ def _backward_impl(
         "bwd_kv", grid_kv,
         (q, k, v, lam, kpb_t, bias_t, dout, lse, delta, dq_acc, dk, dv, *strides,
          H, Hkv, G, Nq, Nk, scale * _LOG2E, scale, *buckets),
-        dict(consts, DQ_ATOMIC=not deterministic), deterministic,
+        dict(consts, DQ_ATOMIC=not split), deterministic,
     )
-    if deterministic:
+    if split:
         grid_q = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]) * B * H,)  # noqa: E731
         _launch(
             "bwd_q", grid_q,

@@ -117,8 +117,11 @@ def test_every_configuration_alone(kind, d, config, case, dtype):
     q, k, v, lam = _inputs(**shapes, d=d, dtype=dtype)
     kpm = torch.zeros(shapes["B"], shapes["Nk"], dtype=torch.bool, device=DEVICE)
     kpm[1, shapes["Nk"] - shapes["Nk"] // 3:] = True  # the second item is shorter
-    with td.forced_config(kind, config):
-        _check(q, k, v, lam, dtype, deterministic=kind == "bwd_q", causal=True, key_padding_mask=kpm)
+    # a dK/dV entry runs with and without its atomic dQ adds; bwd_q entries alone under deterministic algorithms
+    paths = td.DQ_PATHS if kind == "bwd_kv" else (None,)
+    for path in paths:
+        with td.forced_config(kind, config), (td.dq_path(path) if path else contextlib.nullcontext()):
+            _check(q, k, v, lam, dtype, deterministic=kind == "bwd_q", causal=True, key_padding_mask=kpm)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
