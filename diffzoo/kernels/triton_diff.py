@@ -638,8 +638,9 @@ TUNED = {
 }
 
 # dQ path of the backward when deterministic algorithms are off, per configuration family. Hopper: "split"
-# (the atomic-free dQ kernel) was faster than atomic adds in the H100 timings of docs/kernels.md ("A third
-# H100 lease"). Ampere keeps "atomic": no GPU of that family has timed the two.
+# (the atomic-free dQ kernel), whose forward + backward ran 0.87-1.01x the atomic path's time in 19 of 20
+# cells on an H100 (median 0.91x; docs/kernels.md, "A third H100 lease"). Ampere keeps "atomic": no GPU of
+# that family has timed the two (``python -m benchmarks.kernels --compare-dq`` does).
 DQ_PATHS = ("atomic", "split")
 DQ_DEFAULT = {"sm90": "split", "sm80": "atomic"}
 
