@@ -7,4 +7,4 @@ from diffzoo.study.plan import main
 from diffzoo.study.runs import main_with_signals
 
 if __name__ == "__main__":
-    main_with_signals(main)  # SIGTERM stops its trainings too; SIGUSR1 lets the running ones finish first
+    main_with_signals(main)  # SIGTERM and Ctrl-C stop its trainings too; SIGUSR1 lets the running ones finish first

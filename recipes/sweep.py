@@ -8,4 +8,4 @@ from diffzoo.study.runs import main_with_signals
 from diffzoo.study.sweep import main
 
 if __name__ == "__main__":
-    main_with_signals(main)  # SIGTERM stops its trainings too; SIGUSR1 lets the running ones finish first
+    main_with_signals(main)  # SIGTERM and Ctrl-C stop its trainings too; SIGUSR1 lets the running ones finish first

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from pathlib import Path
 
 import pytest
@@ -518,8 +519,10 @@ def _study_with_two_trainings_started(tmp_path, rest: str, main: str):
         f"def run(on_result=None): return run_jobs([0, 1, 2, 3], lambda i: train([sys.executable, '-c', {training!r}], "
         f"Path({str(tmp_path)!r}) / f'{{i}}.log'), 2, on_result)\n"
         f"{main}\n")
+    # SIGINT at its default, as in a terminal (a test run in the background would pass SIGINT on ignored)
     proc = subprocess.Popen([sys.executable, str(script)], cwd=Path(__file__).resolve().parents[1],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while len(list(started.iterdir())) < 2 and time.time() < deadline:
         time.sleep(0.1)
@@ -527,19 +530,20 @@ def _study_with_two_trainings_started(tmp_path, rest: str, main: str):
     return proc, started
 
 
-def test_a_killed_study_stops_its_trainings(tmp_path):
-    """SIGTERM to a study process terminates the training processes it started instead of orphaning them, and
-    starts none of the trainings still queued behind them."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_killed_study_stops_its_trainings(tmp_path, signum):
+    """SIGTERM or Ctrl-C to a study process terminates the training processes it started instead of orphaning
+    them (or recording them as failed), and starts none of the trainings still queued behind them."""
     import os
-    import signal
     import time
     from pathlib import Path
 
     proc, started = _study_with_two_trainings_started(tmp_path, "time.sleep(120)", "main_with_signals(run)")
     children = [int(p.name) for p in started.iterdir()]
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and "2 training(s) terminated" in err
+    assert proc.returncode != 0 and f"stopped by signal {int(signum)}; 2 training(s) terminated" in err, err
+    assert "KeyboardInterrupt" not in err
 
     def alive(pid: int) -> bool:
         try:

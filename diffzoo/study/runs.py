@@ -189,9 +189,13 @@ def finish_trainings(signum: int, frame: object) -> None:
 
 
 def main_with_signals(main: Callable[[], object]) -> None:
-    """Run a study command line (``main``) with its signals: SIGTERM stops at once (:func:`stop_trainings`: the
-    trainings cut short are not recorded), SIGUSR1 finishes the trainings running first (:func:`finish_trainings`)."""
+    """Run a study command line (``main``) with its signals: SIGTERM and Ctrl-C (SIGINT) stop at once
+    (:func:`stop_trainings`: the trainings cut short are not recorded, rather than recorded as failed), SIGUSR1
+    finishes the trainings running first (:func:`finish_trainings`). A study started with SIGINT ignored (a
+    background job, ``nohup``) keeps ignoring it."""
     signal.signal(signal.SIGTERM, stop_trainings)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, stop_trainings)
     if hasattr(signal, "SIGUSR1"):  # not on Windows
         signal.signal(signal.SIGUSR1, finish_trainings)
     try:
