@@ -26,10 +26,13 @@ WIDTH = 768
 STANDARD = "standard attention (12 heads x 64, sdpa)"
 
 
-def _candidates(level: str, causal: bool = False) -> list[tuple[str, str, str | None]]:
-    """(label, implementation, backend) rows, standard first."""
+def _candidates(level: str, causal: bool = False, device: str = "cpu") -> list[tuple[str, str, str | None]]:
+    """(label, implementation, backend) rows, standard first; the Triton row only on a CUDA device."""
     rows = [(STANDARD, "softmax", "sdpa")]
-    for backend in ("reference", "sdpa", "blockwise", "triton", "auto"):
+    backends = ["reference", "sdpa", "blockwise", "triton", "auto"]
+    if not device.startswith("cuda"):
+        backends.remove("triton")
+    for backend in backends:
         rows.append((f"diffzoo DiffAttention [{backend}]", "diff", backend))
     if level == "module" and not causal:  # timm's DiffAttention has no causal mask
         rows.append(("timm DiffAttention (sdpa)", "timm", None))
@@ -175,7 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     mask = "causal" if args.causal else "no mask"
     print(f"# diffzoo attention benchmark: width {WIDTH}, batch 1, {args.level} level, fp32, {mask}")
     print(f"# machine: {machine_description(args.device)}")
-    print("# times are medians; 'x std' is the ratio to the standard attention in the same run\n")
+    print("# times are medians; 'x std' is the ratio to the standard attention in the same run")
+    if not args.device.startswith("cuda"):
+        print("# the triton backend needs a CUDA device: not timed here (see python -m benchmarks.kernels)")
+    print()
     results = []
     for backward in (False, True):
         title = "forward + backward" if backward else "forward (no grad)"
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
             if backward and n > args.backward_max_n:
                 continue
             std_time = None
-            for label, impl, backend in _candidates(args.level, args.causal):
+            for label, impl, backend in _candidates(args.level, args.causal, args.device):
                 if backend == "reference" and n > args.reference_max_n:
                     continue
                 r = _run_one(impl, backend, args.level, n, args.device, backward, args.budget, args.causal)
