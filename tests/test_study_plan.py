@@ -349,7 +349,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
     quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
-              "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2)}
+              "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2),
+              "clip": (2, 2), "clip (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -474,13 +475,22 @@ def test_readme_summary_is_what_the_records_give():
     for name, variant, text in (("lm", "diff", "+0.012"), ("vit-40ep", "diff", "-0.94"), ("vit", "diff", "-0.21"),
                                 ("lm-2k", "diff", "+0.043"), ("cluttered-30ep", "diff", "-12.7"),
                                 ("clip-80ep", "diff_v2_matched", "+4.5"),
-                                ("clip-80ep (test/zs_top1)", "diff_v2_matched", "+6.2")):
+                                ("clip-80ep (test/zs_top1)", "diff_v2_matched", "+6.2"),
+                                ("clip", "diff", "-0.92"), ("clip (test/zs_top1)", "diff", "+5.42")):
         diff = next(r for r in result["cells"][name]["rows"] if r["variant"] == variant)["vs"]["diff"]
         assert f"{diff:+.{len(text.split('.')[1])}f}" == text, (name, diff)
     for name, cell in result["cells"].items():  # a cell shown with a variant missing is named as still to come
         missing = [v for v in plan.MAIN if cell and name not in result["earlier"]
                    and v not in {r["variant"] for r in cell["rows"]}]
         assert not missing or f"{cell['cell']} ({' and '.join(missing)})" in on_page.split("Still to come:")[1], name
+    # CLIP's final cell as the README reads it (V1 against softmax; V2 still to run when it was written)
+    clip = [next(r for r in result["cells"][n]["rows"] if r["variant"] == "diff")["vs"]
+            for n in ("clip", "clip (test/zs_top1)")]
+    said = "{:+.2f} points of test retrieval recall [{:+.2f}, {:+.2f}] and {:+.2f} of zero-shot top-1 [{:+.2f}, {:+.2f}]"
+    assert said.format(*(c[k] for c in clip for k in ("diff", "ci_low", "ci_high"))) in " ".join(readme.split())
+    assert all(c["ci_low"] < 0 < c["ci_high"] for c in clip)  # "no difference found"
+    clip_v2_in = any(r["variant"] == "diff_v2_matched" for r in result["cells"]["clip"]["rows"])
+    assert clip_v2_in != ("V2's final seeds are still to run" in " ".join(readme.split())), "README: CLIP's V2 sentence"
     mqar = {r["variant"]: sum(x >= 95.0 for x in r["values"]) for r in result["cells"]["mqar"]["rows"]}
     assert f"V2 solved all 8 of its runs and softmax {mqar['softmax']} of 8" in " ".join(readme.split())
     assert mqar["diff_v2_matched"] == 8
