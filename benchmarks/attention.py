@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# diffzoo attention benchmark: width {WIDTH}, batch 1, {args.level} level, fp32, {mask}")
     print(f"# machine: {machine_description(args.device)}")
     print("# times are medians; 'x std' is the ratio to the standard attention in the same run")
-    if not args.device.startswith("cuda"):
+    candidates = _candidates(args.level, args.causal, args.device)
+    if all(backend != "triton" for _, _, backend in candidates):
         print("# the triton backend needs a CUDA device: not timed here (see python -m benchmarks.kernels)")
     print()
     results = []
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
             if backward and n > args.backward_max_n:
                 continue
             std_time = None
-            for label, impl, backend in _candidates(args.level, args.causal, args.device):
+            for label, impl, backend in candidates:
                 if backend == "reference" and n > args.reference_max_n:
                     continue
                 r = _run_one(impl, backend, args.level, n, args.device, backward, args.budget, args.causal)
