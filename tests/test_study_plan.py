@@ -483,14 +483,14 @@ def test_readme_summary_is_what_the_records_give():
         missing = [v for v in plan.MAIN if cell and name not in result["earlier"]
                    and v not in {r["variant"] for r in cell["rows"]}]
         assert not missing or f"{cell['cell']} ({' and '.join(missing)})" in on_page.split("Still to come:")[1], name
-    # CLIP's final cell as the README reads it (V1 against softmax; V2 still to run when it was written)
-    clip = [next(r for r in result["cells"][n]["rows"] if r["variant"] == "diff")["vs"]
-            for n in ("clip", "clip (test/zs_top1)")]
+    # CLIP's final cell as the README reads it: V1 and V2 against softmax, no difference found for either
     said = "{:+.2f} points of test retrieval recall [{:+.2f}, {:+.2f}] and {:+.2f} of zero-shot top-1 [{:+.2f}, {:+.2f}]"
-    assert said.format(*(c[k] for c in clip for k in ("diff", "ci_low", "ci_high"))) in " ".join(readme.split())
-    assert all(c["ci_low"] < 0 < c["ci_high"] for c in clip)  # "no difference found"
-    clip_v2_in = any(r["variant"] == "diff_v2_matched" for r in result["cells"]["clip"]["rows"])
-    assert clip_v2_in != ("V2's final seeds are still to run" in " ".join(readme.split())), "README: CLIP's V2 sentence"
+    for variant, head, fmt in (("diff", "V1 - softmax is ", said), ("diff_v2_matched", "V2 - softmax ",
+                                                                    "{:+.2f} [{:+.2f}, {:+.2f}] and {:+.2f} [{:+.2f}, {:+.2f}]")):
+        clip = [next(r for r in result["cells"][n]["rows"] if r["variant"] == variant)["vs"]
+                for n in ("clip", "clip (test/zs_top1)")]
+        assert head + fmt.format(*(c[k] for c in clip for k in ("diff", "ci_low", "ci_high"))) in " ".join(readme.split())
+        assert all(c["ci_low"] < 0 < c["ci_high"] for c in clip), variant  # "no difference found"
     mqar = {r["variant"]: sum(x >= 95.0 for x in r["values"]) for r in result["cells"]["mqar"]["rows"]}
     assert f"V2 solved all 8 of its runs and softmax {mqar['softmax']} of 8" in " ".join(readme.split())
     assert mqar["diff_v2_matched"] == 8
