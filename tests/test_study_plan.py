@@ -364,6 +364,14 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 assert ci in page, (name, r["variant"], ci)
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
+    # MQAR's ablations against the variant each one changes, as the prose quotes them (with their study Holm)
+    for a in result["cells"]["mqar"]["ablations"]:
+        c = a["vs"]
+        quote = f"{c['diff']:+.1f} [{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]"
+        quote += f", p {c['p_perm']:.3f}" if c["p_perm"] >= 1e-3 else f", p {c['p_perm']:.1e}"
+        if a["parent"] != "softmax":  # those against softmax are the rows above
+            quote += f" (Holm {a['p_holm_study']:.3f})"
+        assert quote in page, (a["variant"], a["parent"], quote)
     def budget_check(name: str, digits: int) -> tuple[dict, str]:
         """A budget check's rows by variant, and the page's phrase of each variant's change at twice the budget."""
         rows = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
@@ -494,6 +502,12 @@ def test_readme_summary_is_what_the_records_give():
     mqar = {r["variant"]: sum(x >= 95.0 for x in r["values"]) for r in result["cells"]["mqar"]["rows"]}
     assert f"V2 solved all 8 of its runs and softmax {mqar['softmax']} of 8" in " ".join(readme.split())
     assert mqar["diff_v2_matched"] == 8
+    said = " ".join(readme.split())
+    assert f"V1 solved {mqar['diff']} of 8 runs" in said
+    assert all(mqar[v] == 8 for v in ("softmax_wide", "diff_nonorm", "diff_const"))  # "solved 8 of 8 each"
+    against_v1 = [a for a in result["cells"]["mqar"]["ablations"] if "diff" in (a["variant"], a["parent"])
+                  and "softmax" != a["parent"]]
+    assert len(against_v1) == 3 and all(a["p_holm_study"] < 0.05 for a in against_v1)  # "all three differ from V1"
 
 
 def test_report_page_replaces_only_the_marked_block(tmp_path):
