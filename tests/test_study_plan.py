@@ -364,14 +364,18 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 assert ci in page, (name, r["variant"], ci)
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
-    # MQAR's ablations against the variant each one changes, as the prose quotes them (with their study Holm)
-    for a in result["cells"]["mqar"]["ablations"]:
-        c = a["vs"]
-        quote = f"{c['diff']:+.1f} [{c['ci_low']:+.1f}, {c['ci_high']:+.1f}]"
-        quote += f", p {c['p_perm']:.3f}" if c["p_perm"] >= 1e-3 else f", p {c['p_perm']:.1e}"
-        if a["parent"] != "softmax":  # those against softmax are the rows above
+    # the ablations of the decoder (MQAR) and the encoder (ViT digits) against the variant each one changes, as
+    # the prose quotes them (with their study Holm), each as soon as both of its variants have all their final seeds
+    for name, d in (("mqar", 1), ("vit", 2)):
+        ablations = result["cells"][name]["ablations"]
+        if name == "mqar":
+            assert len(ablations) == 3  # finished: they may not vanish from the records
+        for a in ablations:
+            c = a["vs"]
+            quote = f"{c['diff']:+.{d}f} [{c['ci_low']:+.{d}f}, {c['ci_high']:+.{d}f}]"
+            quote += f", p {c['p_perm']:.3f}" if c["p_perm"] >= 1e-3 else f", p {c['p_perm']:.1e}"
             quote += f" (Holm {a['p_holm_study']:.3f})"
-        assert quote in page, (a["variant"], a["parent"], quote)
+            assert quote in page, (name, a["variant"], a["parent"], quote)
     def budget_check(name: str, digits: int) -> tuple[dict, str]:
         """A budget check's rows by variant, and the page's phrase of each variant's change at twice the budget."""
         rows = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
@@ -730,3 +734,17 @@ def test_headline_plot_wraps_its_panels_four_to_a_row(tmp_path):
                   "earlier": ["old"]}  # an earlier-budget cell and a cell still running get no panel
         plan.plot_headline(result, tmp_path / f"headline{tasks}.png")
         assert Image.open(tmp_path / f"headline{tasks}.png").size == size, tasks
+
+
+def test_ablation_table_says_what_each_row_against_softmax_compares():
+    """Every row of the page's ablation table names what it compares, the rows against softmax included."""
+    vs = {"diff": 0.5, "ci_low": -0.1, "ci_high": 1.1, "p_perm": 0.2}
+    rows = [{"variant": v, "kind": "ablation vs softmax", "vs": vs, "p_holm_study": 1.0}
+            for v in ("softmax_wide", "diff_nonorm")]
+    ablations = [{"variant": "diff_nonorm", "parent": "diff", "what": "without the norm", "vs": vs, "p_holm_study": 1.0}]
+    table = plan.ablation_table({"cells": {"t": {"scale": 100.0, "rows": rows, "ablations": ablations}, "u": None}})
+    lines = table.splitlines()[2:]
+    assert len(lines) == 3 and all("|  |" not in line for line in lines)
+    assert lines[0].startswith("| t | softmax_wide | softmax | fewer, wider heads")  # its parent is softmax
+    assert lines[1].startswith("| t | diff_nonorm | softmax | every change from softmax at once |")
+    assert lines[2].startswith("| t | diff_nonorm | diff | without the norm |")
