@@ -512,6 +512,10 @@ def test_readme_summary_is_what_the_records_give():
     assert all(mqar[v] == 8 for v in ("softmax_wide", "diff_nonorm", "diff_const"))  # "solved 8 of 8 each"
     against_v1 = [a for a in result["cells"]["mqar"]["ablations"] if a["parent"] != "softmax"]
     assert len(against_v1) == 3 and all(a["p_holm_study"] < 0.05 for a in against_v1)  # "all three differ from V1"
+    vit_cell = result["cells"]["vit"]
+    vit_ablations = [r for r in vit_cell["rows"] if r.get("kind") == "ablation vs softmax"] + vit_cell["ablations"]
+    assert "On ViT digits the same three ablations differed from neither softmax nor V1." in flat
+    assert len(vit_ablations) == 6 and all(a["p_holm_study"] >= 0.05 for a in vit_ablations)
 
 
 def test_report_page_replaces_only_the_marked_block(tmp_path):
