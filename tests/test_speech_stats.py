@@ -254,3 +254,12 @@ def test_speech_voice_stats_compares_every_variant_with_softmax_from_the_records
     # a records file without any clips (the study before this change) gives no rows, not an error
     assert tables.speech_voice_stats({"family": "speech", "best": records["best"],
                                       "runs": {"old": runs["old"]}})["rows"] == []
+
+
+def test_records_write_each_curve_on_one_line() -> None:
+    curves = {"val/top1": [[0, 0.5], [1, 0.75]], "train/grad_norm": [], "note": "x"}
+    results = {"runs": {"a": {"seed": 0, "curves": curves, "test_clips": [["f1", 1.0, 2, 2]]}}}
+    text = sweep.dump_records(results)
+    assert json.loads(text) == results
+    assert '"val/top1": [[0,0.5],[1,0.75]]' in text and '"train/grad_norm": []' in text
+    assert '    ["f1",1.0,2,2]\n' in text  # clips stay one per line

@@ -179,24 +179,34 @@ def score_untrained(family: Family, out: Path, variant: str, seed: int, quick: b
 
 
 def dump_records(results: dict) -> str:
-    """``results`` as JSON, indented by one space, except each run's ``test_clips``: one clip per line
-    (``["voice", snr_db, label, pred]``) instead of one value per line, which keeps a records file with
-    per-clip results a few kB per run. ``json.loads`` reads it back unchanged."""
-    blobs: dict[str, list] = {}
+    """``results`` as JSON, indented by one space, except each run's ``test_clips``, one clip per line
+    (``["voice", snr_db, label, pred]``), and each of its ``curves``, one curve per line, instead of one value
+    per line: a records file with per-clip results and curves stays a few kB per run. ``json.loads`` reads it
+    back unchanged."""
+    blobs: dict[str, tuple[list, bool]] = {}  # placeholder -> (the list, one row per line or all on one)
+
+    def hold(value: list, rows: bool) -> str:
+        key = f"\x00blob {len(blobs)}"  # a string no record holds
+        blobs[json.dumps(key)] = (value, rows)
+        return key
+
     runs = results.get("runs")
     if isinstance(runs, dict):
         slim = {}
         for name, r in runs.items():
             if isinstance(r, dict) and isinstance(r.get("test_clips"), list):
-                key = f"\x00test_clips {len(blobs)}"  # a string no record holds
-                blobs[json.dumps(key)] = r["test_clips"]
-                r = {**r, "test_clips": key}
+                r = {**r, "test_clips": hold(r["test_clips"], True)}
+            if isinstance(r, dict) and isinstance(r.get("curves"), dict):
+                r = {**r, "curves": {k: hold(v, False) if isinstance(v, list) else v for k, v in r["curves"].items()}}
             slim[name] = r
         results = {**results, "runs": slim}
     text = json.dumps(results, indent=1)
-    for key, rows in blobs.items():
-        lines = ",\n".join("    " + json.dumps(row, separators=(",", ":")) for row in rows)
-        text = text.replace(key, "[\n" + lines + "\n   ]" if rows else "[]", 1)
+    for key, (value, rows) in blobs.items():
+        if not rows or not value:
+            written = json.dumps(value, separators=(",", ":"))
+        else:
+            written = "[\n" + ",\n".join("    " + json.dumps(row, separators=(",", ":")) for row in value) + "\n   ]"
+        text = text.replace(key, written, 1)
     return text
 
 
