@@ -348,7 +348,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the prose below the generated table, as words whatever its line breaks (the table repeats the means)
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
-    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
+    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "speech": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2),
               "clip": (2, 2), "clip (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
@@ -419,6 +419,21 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("speech-40ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
     assert rows["diff"]["flat_longer"] and not rows["softmax"]["flat_longer"] and not rows["diff_v2_matched"]["flat_longer"]
+    # speech at 80 epochs, test voices resampled and the SNR interaction, as the page reads them: V2's interval
+    # includes zero, neither slope differs from softmax's, V2's gain is smallest in the noisiest third
+    from diffzoo.study import tables
+
+    speech = tables.speech_voice_stats(plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "speech")))
+    by = {r["variant"]: r for r in speech["rows"]}
+    flat = " ".join(page.split())
+    for variant, label in (("diff", "V1"), ("diff_v2_matched", "V2")):
+        b, i = by[variant]["bootstrap"], by[variant]["interaction"]
+        assert f"{label} {b['diff']:+.2f} [{b['ci_low']:+.2f}, {b['ci_high']:+.2f}], p {b['p']:.3f}" in flat, variant
+        assert f"{label} {i['diff']:+.4f} [{i['ci_low']:+.4f}, {i['ci_high']:+.4f}], p {i['p_perm']:.3f}" in flat, variant
+        assert i["p_perm"] >= 0.05  # "neither variant's logit slope per dB of SNR differs from softmax's"
+    gaps = [g["diff"] for g in by["diff_v2_matched"]["interaction"]["gap_by_bin"]]
+    assert gaps[0] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in flat  # "smallest where the noise is worst"
+    assert by["diff_v2_matched"]["bootstrap"]["ci_low"] < 0 < by["diff_v2_matched"]["bootstrap"]["ci_high"]
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
@@ -482,14 +497,19 @@ def test_readme_summary_is_what_the_records_give():
     vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r and r["variant"] in plan.MAIN}
     assert set(vit) == {"diff", "diff_v2_matched"}  # "both": the sentence reads V1 and V2, not the ablations
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
-    assert "gap fell to +0.012 nats and ViT digits' from -0.94 to -0.21 points" in readme
+    assert ("gap fell to +0.012 nats, ViT digits' from -0.94 to -0.21 points and speech's from -2.08 to -0.59"
+            in " ".join(readme.split()))
+    speech_v2 = next(r for r in result["cells"]["speech"]["rows"] if r["variant"] == "diff_v2_matched")
+    assert f"+2.33 [+0.65, +4.00] (Holm {speech_v2['p_holm_study']:.3f};" in " ".join(readme.split())
     assert "V2 leads softmax by +4.5 points of test retrieval recall and +6.2 of zero-shot top-1" in " ".join(readme.split())
     assert "lead on one seed's validation recall from 9.8 to 1.6 points" in " ".join(readme.split())  # clip-2x, above
     for name, variant, text in (("lm", "diff", "+0.012"), ("vit-40ep", "diff", "-0.94"), ("vit", "diff", "-0.21"),
                                 ("lm-2k", "diff", "+0.043"), ("cluttered-30ep", "diff", "-12.7"),
                                 ("clip-80ep", "diff_v2_matched", "+4.5"),
                                 ("clip-80ep (test/zs_top1)", "diff_v2_matched", "+6.2"),
-                                ("clip", "diff", "-0.92"), ("clip (test/zs_top1)", "diff", "+5.42")):
+                                ("clip", "diff", "-0.92"), ("clip (test/zs_top1)", "diff", "+5.42"),
+                                ("speech-40ep", "diff", "-2.08"), ("speech", "diff", "-0.59"),
+                                ("speech", "diff_v2_matched", "+2.33")):
         diff = next(r for r in result["cells"][name]["rows"] if r["variant"] == variant)["vs"]["diff"]
         assert f"{diff:+.{len(text.split('.')[1])}f}" == text, (name, diff)
     for name, cell in result["cells"].items():  # a cell shown with a variant missing is named as still to come
