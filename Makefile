@@ -22,12 +22,12 @@ test: venv
 test-all: venv
 	$(PY) -m pytest -q -m "slow or not slow"
 
-# On a CUDA machine: every Triton configuration against the reference, the kernel timing table (once: the
-# suite's own timing test is that table), the two dQ paths of the backward, then the per-configuration sweep;
-# JSON records in outputs/gpu/
+# On a CUDA machine: every Triton configuration against the reference (8 processes, so its compiles run in
+# parallel), the kernel timing table (once: the suite's own timing test is that table), the two dQ paths of
+# the backward, then the per-configuration sweep; JSON records in outputs/gpu/
 gpu: venv
 	mkdir -p outputs/gpu
-	$(PY) -m pytest -q -rA tests/gpu -k "not timing_table"
+	$(PY) -m pytest -q -rA tests/gpu -k "not timing_table" -n 8
 	$(PY) -m benchmarks.kernels --json outputs/gpu/kernels.json
 	$(PY) -m benchmarks.kernels --compare-dq --json outputs/gpu/dq.json
 	$(PY) -m benchmarks.kernel_sweep --json outputs/gpu/sweep.json
