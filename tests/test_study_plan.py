@@ -419,6 +419,15 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("speech-40ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
     assert rows["diff"]["flat_longer"] and not rows["softmax"]["flat_longer"] and not rows["diff_v2_matched"]["flat_longer"]
+    # speech's 80-epoch check: the gains at 160 epochs, every curve flat there; seed 0's gaps as the page says them
+    rows, phrase = budget_check("speech-2x", 2)
+    assert f"gained {phrase} points" in " ".join(page.split()), phrase
+    assert all(r["flat_longer"] for r in rows.values())
+    for v, at_80, at_160, said in (("diff_v2_matched", "+3.06", "+1.39", "from +3.06 points at 80 epochs to +1.39 at 160"),
+                                   ("diff", "+0.83", "+1.67", "from +0.83 to +1.67")):
+        assert f"{rows[v]['budget'] - rows['softmax']['budget']:+.2f}" == at_80, v
+        assert f"{rows[v]['longer'] - rows['softmax']['longer']:+.2f}" == at_160, v
+        assert said in " ".join(page.split()), said
     # speech at 80 epochs, test voices resampled and the SNR interaction, as the page reads them: V2's interval
     # includes zero, neither slope differs from softmax's, V2's gain is smallest in the noisiest third
     from diffzoo.study import tables
