@@ -467,6 +467,17 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert survives == {("lm-2k", "diff"), ("cluttered-30ep", "diff")}, survives
     assert page.count("significant after Holm's correction over the earlier-budget rows") == 2
     assert "significant after the study's Holm" not in page  # no row of the study's family survives it yet
+    # the family grows as cells finish: every size of it the prose gives ("the study's Holm ... (0.249 over 24
+    # comparisons)") is its size now, and every Holm quoted with it is one of the family's adjusted p
+    import re
+
+    family = {f"{x['p_holm_study']:.3f}" for name, c in result["cells"].items() if c and name not in result["earlier"]
+              for x in c["rows"] + c.get("ablations", []) if x.get("p_holm_study") is not None}
+    sizes = re.findall(r"study's Holm[^.]*?\((?:(\d\.\d{3}) over )?(\d+) comparisons\)", page)
+    assert len(sizes) == 3, sizes  # speech's V2, MQAR's ablations, ViT's constant lambda_init
+    for quoted_holm, n in sizes:
+        assert int(n) == result["comparisons"], f"the prose says {n} comparisons, the family has {result['comparisons']}"
+        assert not quoted_holm or quoted_holm in family, quoted_holm
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
