@@ -442,6 +442,27 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     gaps = [g["diff"] for g in by["diff_v2_matched"]["interaction"]["gap_by_bin"]]
     assert gaps[0] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in page  # "smallest where the noise is worst"
     assert by["diff_v2_matched"]["bootstrap"]["ci_low"] < 0 < by["diff_v2_matched"]["bootstrap"]["ci_high"]
+    # the size trend's small ViT: each variant's test top-1, its gap to softmax (Welch interval, exact permutation p;
+    # descriptive, outside the Holm family), every final run flat, and each variant's gain up to the middle size
+    import statistics
+
+    from diffzoo import stats
+
+    xs_cell = next(c for c in plan.CELLS if c.name == "vit-xs")
+    xs_runs = plan.complete_final_runs(plan.load(root / plan.RECORDS, xs_cell), xs_cell)[0]
+    vit_family = FAMILIES["vit"]
+    xs = {v: [vit_family.scale * plan.metric_value(r, vit_family.test_metric) for r in xs_runs if r["variant"] == v]
+          for v in plan.MAIN}
+    assert [len(x) for x in xs.values()] == [5, 5, 5] and all(r["plateau"]["flat"] for r in xs_runs)
+    assert "softmax {:.2f} ± {:.2f} %, V1 {:.2f} ± {:.2f}, V2 {:.2f} ± {:.2f}".format(
+        *(f for v in plan.MAIN for f in (statistics.mean(xs[v]), statistics.stdev(xs[v])))) in page
+    for v, label in (("diff", "V1"), ("diff_v2_matched", "V2")):
+        w = stats.welch(xs[v], xs["softmax"])
+        p_perm = stats.permutation_p(xs[v], xs["softmax"])[0]
+        assert f"{label} - softmax {w['diff']:+.2f} [{w['ci_low']:+.2f}, {w['ci_high']:+.2f}], p {p_perm:.3f}" in page, v
+    trend = {(p["cell"], p["variant"]): p for p in plan.size_trend(root / plan.RECORDS, plan.CELLS)["vit"]}
+    gains = [trend["vit", v]["mean"] - trend["vit-xs", v]["mean"] for v in plan.MAIN]
+    assert "softmax gained {:+.2f} points, V1 {:+.2f} and V2 {:+.2f}".format(*gains) in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
