@@ -444,22 +444,15 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert by["diff_v2_matched"]["bootstrap"]["ci_low"] < 0 < by["diff_v2_matched"]["bootstrap"]["ci_high"]
     # the size trend's small ViT: each variant's test top-1, its gap to softmax (Welch interval, exact permutation p;
     # descriptive, outside the Holm family), every final run flat, and each variant's gain up to the middle size
-    import statistics
-
-    from diffzoo import stats
-
     xs_cell = next(c for c in plan.CELLS if c.name == "vit-xs")
     xs_runs = plan.complete_final_runs(plan.load(root / plan.RECORDS, xs_cell), xs_cell)[0]
-    vit_family = FAMILIES["vit"]
-    xs = {v: [vit_family.scale * plan.metric_value(r, vit_family.test_metric) for r in xs_runs if r["variant"] == v]
-          for v in plan.MAIN}
-    assert [len(x) for x in xs.values()] == [5, 5, 5] and all(r["plateau"]["flat"] for r in xs_runs)
+    xs = {r["variant"]: r for r in tables.comparison_rows(FAMILIES["vit"], xs_runs, "softmax", FAMILIES["vit"].test_metric)}
+    assert [xs[v]["n"] for v in plan.MAIN] == [5, 5, 5] and all(r["plateau"]["flat"] for r in xs_runs)
     assert "softmax {:.2f} ± {:.2f} %, V1 {:.2f} ± {:.2f}, V2 {:.2f} ± {:.2f}".format(
-        *(f for v in plan.MAIN for f in (statistics.mean(xs[v]), statistics.stdev(xs[v])))) in page
+        *(xs[v][k] for v in plan.MAIN for k in ("mean", "sd"))) in page
     for v, label in (("diff", "V1"), ("diff_v2_matched", "V2")):
-        w = stats.welch(xs[v], xs["softmax"])
-        p_perm = stats.permutation_p(xs[v], xs["softmax"])[0]
-        assert f"{label} - softmax {w['diff']:+.2f} [{w['ci_low']:+.2f}, {w['ci_high']:+.2f}], p {p_perm:.3f}" in page, v
+        c = xs[v]["vs"]  # Welch interval and exact permutation p, as the study's tables compute them
+        assert f"{label} - softmax {c['diff']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}], p {c['p_perm']:.3f}" in page, v
     trend = {(p["cell"], p["variant"]): p for p in plan.size_trend(root / plan.RECORDS, plan.CELLS)["vit"]}
     gains = [trend["vit", v]["mean"] - trend["vit-xs", v]["mean"] for v in plan.MAIN]
     assert "softmax gained {:+.2f} points, V1 {:+.2f} and V2 {:+.2f}".format(*gains) in page
