@@ -74,12 +74,13 @@ class Cell:
         return lr_grid(self.lr_center, self.grid_points)
 
 
-def _check(source: str, family: str | None = None, factor: float = 2.0, extra: tuple[str, ...] = ()) -> Cell:
-    """A budget check of cell ``source`` (of ``family``, default: the cell's name; ``extra``: the source cell's
-    own recipe arguments): each main variant's seed 0 at its best lr for ``factor`` times the cell's budget
-    (cell ``<source>-<factor>x``)."""
+def _check(source: str, family: str | None = None, factor: float = 2.0, extra: tuple[str, ...] = (),
+           size_args: tuple[str, ...] = ()) -> Cell:
+    """A budget check of cell ``source`` (of ``family``, default: the cell's name; ``extra`` and ``size_args``:
+    the source cell's own recipe arguments): each main variant's seed 0 at its best lr for ``factor`` times the
+    cell's budget (cell ``<source>-<factor>x``)."""
     return Cell(f"{source}-{factor:g}x", family or source, MAIN, grid_points=1, final_seeds=0, lr_from=source,
-                epochs_factor=factor, extra=extra)
+                epochs_factor=factor, extra=extra, size_args=size_args)
 
 
 def _size(cell: str, family: str, size_args: tuple[str, ...], lr_from: str, epochs: int | None = None) -> Cell:
@@ -88,6 +89,7 @@ def _size(cell: str, family: str, size_args: tuple[str, ...], lr_from: str, epoc
                 epochs=epochs)
 
 
+LM_XS = ("--model.model_kwargs", '{"dim": 32, "intermediate_size": 80}')  # the smallest LM of the size trend
 CLUTTERED_K = ("--data.k", "2")  # the cluttered cell's fragments per image
 # the clip cell's smaller task: three digits (0-2) in the six colours, 900 training digit images; 300 test,
 # 150 validation and 150 held-out validation images (the ten-digit task's splits scaled to the images left)
@@ -152,7 +154,9 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     # (at 40 epochs vit-l's softmax pilot met the plateau rule at 94.1 % only because the cosine schedule had run
     # out, still rising at epoch 31; at the task's 80 it reached 97.0 % and was flat from epoch 60)
     _size("vit-l", "vit", ("--model.model_kwargs", '{"embed_dim": 192, "depth": 6}'), "vit"),
-    _size("lm-xs", "lm", ("--model.model_kwargs", '{"dim": 32, "intermediate_size": 80}'), "lm"),
+    _size("lm-xs", "lm", LM_XS, "lm"),
+    # the smallest LM's budget check: at 4,000 steps softmax's final runs had flattened (4 of 5) but none of V1's
+    _check("lm-xs", "lm", size_args=LM_XS),
     _size("lm-l", "lm", ("--model.model", "lm_nano"), "lm"),
 )
 
