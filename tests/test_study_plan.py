@@ -279,6 +279,7 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert diff[diff.index("--lrs") + 1:diff.index("--lrs") + 4] == ["0.0005", "0.001", "0.002"]
     assert diff[-2:] == list(xs.size_args) and diff[diff.index("--final-seeds") + 1] == "5"
     assert "--epochs" not in diff  # the family's budget
+    assert diff[diff.index("--extend") + 1] == "4"  # a size's best lr may lie several steps from its neighbour's
     half = plan.cell_sweeps(next(c for c in plan.CELLS if c.name == "vit-40ep"), tmp_path, 2, False, False)[0]
     assert half[half.index("--epochs") + 1] == "40"  # a cell with a budget of its own
     (tmp_path / "vit-40ep.json").write_text((tmp_path / "vit.json").read_text())
@@ -325,6 +326,7 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
     assert argv[lrs + 1:lrs + 4] == ["0.004", "0.001", "0.002"]  # each variant's own best lr, in their order
     assert argv[argv.index("--epochs") + 1] == "20"  # 2 x 10 epochs
     assert argv[argv.index("--final-seeds", argv.index("--final-seeds") + 1) + 1] == "0"  # the last one wins
+    assert argv[argv.index("--extend", argv.index("--extend") + 1) + 1] == "0"  # one lr per variant, never grown
     longer = _record("mqar", best, {v: [95.0] for v in best})
     longer["runs"] = {run_name(v, lr, 0): {**r, "seed": 0} for (v, lr), r in
                       zip(best.items(), longer["runs"].values())}
@@ -510,6 +512,24 @@ def test_results_page_table_is_what_the_records_give():
     result = plan.headline(records, plan.CELLS)
     assert on_page == plan.report_markdown(records, plan.CELLS, result, root / "docs"), (
         "docs/results.md's table differs from the records: python -m recipes.study report --page docs/results.md")
+
+
+def test_every_recorded_best_lr_is_inside_its_grid():
+    """The study's records: each variant's chosen lr has a grid point on both sides (the sweep extends a grid
+    whose best lands on an edge, up to its cell's limit; a best still at an edge means that limit was too low)."""
+    from pathlib import Path
+
+    records = Path(__file__).resolve().parents[1] / plan.RECORDS
+    at_edge = []
+    for cell in plan.CELLS:
+        if cell.epochs_factor is not None:  # budget checks train one lr per variant, the best of another cell
+            continue
+        record = plan.load(records, cell)
+        for variant, best in (record.get("best") or {}).items():
+            lrs = sorted(record["grid_lrs"][variant])
+            if best["lr"] is not None and best["lr"] in (lrs[0], lrs[-1]):
+                at_edge.append(f"{cell.name} {variant}: {best['lr']:g} on {lrs}")
+    assert not at_edge, "best lr at a grid edge: " + "; ".join(at_edge)
 
 
 def test_readme_summary_is_what_the_records_give():

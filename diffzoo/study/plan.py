@@ -68,6 +68,7 @@ class Cell:
     # the task at a budget the study later found too short, replaced by this cell: reported in a table of its own,
     # outside the study's Holm family (which holds each task at its final budget only)
     superseded_by: str | None = None
+    extend: int = 2  # lrs the sweep may add beyond the starting grid, one at a time, while the best is at an edge
 
     @property
     def lrs(self) -> list[float]:
@@ -84,9 +85,10 @@ def _check(source: str, family: str | None = None, factor: float = 2.0, extra: t
 
 
 def _size(cell: str, family: str, size_args: tuple[str, ...], lr_from: str, epochs: int | None = None) -> Cell:
-    """A size-trend cell: the three main variants, 3 lrs around the neighbouring size's best, 5 final seeds."""
+    """A size-trend cell: the three main variants, 3 lrs around the neighbouring size's best, 5 final seeds; up to
+    4 lrs added at an edge (a size's best lr can lie several steps from its neighbour's: lm-xs's V2 was still at an edge after 2)."""
     return Cell(cell, family, MAIN, size_args=size_args, grid_points=3, final_seeds=5, lr_from=lr_from,
-                epochs=epochs)
+                epochs=epochs, extend=4)
 
 
 LM_XS = ("--model.model_kwargs", '{"dim": 32, "intermediate_size": 80}')  # the smallest LM of the size trend
@@ -178,7 +180,8 @@ def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequ
     lrs = list(lrs or cell.lrs)
     argv = ["--family", cell.family, "--variants", *variants, "--lrs", *(lr_tag(x) for x in lrs),
             "--seeds", str(GRID_SEEDS), "--final-seeds", str(cell.final_seeds), "--jobs", str(jobs),
-            "--out", str(run_folder(cell, records)), "--results", str(records / f"{cell.name}.json")]
+            "--out", str(run_folder(cell, records)), "--results", str(records / f"{cell.name}.json"),
+            "--extend", str(cell.extend)]
     if paired:
         argv.append("--paired")
     if quick:  # the pipeline only: two variants, the grid's centre (paired: their lrs), one grid seed, two finals
