@@ -60,9 +60,10 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
-                      "lm", "lm-2k", "needle"}
-    by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task, extra arguments too
-    assert all(c.extra == by_name[c.lr_from].extra for c in plan.CELLS if c.epochs_factor is not None)
+                      "lm", "lm-2k", "needle", "lm-xs"}
+    by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
+    assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
+               for c in plan.CELLS if c.epochs_factor is not None)
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
 
@@ -295,6 +296,12 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert "| vit-l | 1,800,000 | 95.00 ± 0.50 (n=5) |" in table and "outside the sizes run" in table
     plan.plot_size_trend(trend, tmp_path / "trend.png")
     assert (tmp_path / "trend.png").stat().st_size > 1000
+    # a size whose budget proved too short (lm-xs) gives way to the cell that replaced it (lm-xs-8k)
+    for name, loss in (("lm", 1.2), ("lm-xs", 1.4), ("lm-xs-8k", 1.3)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(_record("lm", best, {v: [loss] * 8 for v in best})))
+    assert next(c for c in plan.CELLS if c.name == "lm-xs").superseded_by == "lm-xs-8k"
+    lm = plan.size_trend(tmp_path, plan.CELLS)["lm"]
+    assert {p["cell"] for p in lm} == {"lm", "lm-xs-8k"} and {p["mean"] for p in lm} == {1.2, 1.3}
 
 
 def test_clip_reports_retrieval_and_zero_shot_from_the_same_final_runs(tmp_path):
