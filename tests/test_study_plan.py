@@ -453,15 +453,34 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert by["diff_v2_matched"]["bootstrap"]["ci_low"] < 0 < by["diff_v2_matched"]["bootstrap"]["ci_high"]
     # the size trend's small ViT: each variant's test top-1, its gap to softmax (Welch interval, exact permutation p;
     # descriptive, outside the Holm family), every final run flat, and each variant's gain up to the middle size
-    xs_cell = next(c for c in plan.CELLS if c.name == "vit-xs")
-    xs_runs = plan.complete_final_runs(plan.load(root / plan.RECORDS, xs_cell), xs_cell)[0]
-    xs = {r["variant"]: r for r in tables.comparison_rows(FAMILIES["vit"], xs_runs, "softmax", FAMILIES["vit"].test_metric)}
-    assert [xs[v]["n"] for v in plan.MAIN] == [5, 5, 5] and all(r["plateau"]["flat"] for r in xs_runs)
-    assert "softmax {:.2f} ± {:.2f} %, V1 {:.2f} ± {:.2f}, V2 {:.2f} ± {:.2f}".format(
-        *(xs[v][k] for v in plan.MAIN for k in ("mean", "sd"))) in page
-    for v, label in (("diff", "V1"), ("diff_v2_matched", "V2")):
-        c = xs[v]["vs"]  # Welch interval and exact permutation p, as the study's tables compute them
-        assert f"{label} - softmax {c['diff']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}], p {c['p_perm']:.3f}" in page, v
+    def size_cell(name: str, digits: int, unit: str) -> list[dict]:
+        """A size cell's final runs, after checking the prose's means ± sd, Welch intervals and exact permutation
+        p (as the study's tables compute them) against them."""
+        cell = next(c for c in plan.CELLS if c.name == name)
+        family = FAMILIES[cell.family]
+        runs = plan.complete_final_runs(plan.load(root / plan.RECORDS, cell), cell)[0]
+        rows = {r["variant"]: r for r in tables.comparison_rows(family, runs, "softmax", family.test_metric)}
+        assert [rows[v]["n"] for v in plan.MAIN] == [5, 5, 5], name
+        assert "softmax {0} ± {0}{1}, V1 {0} ± {0}, V2 {0} ± {0}".format(f"{{:.{digits}f}}", unit).format(
+            *(rows[v][k] for v in plan.MAIN for k in ("mean", "sd"))) in page, name
+        for v, label in (("diff", "V1"), ("diff_v2_matched", "V2")):
+            c = rows[v]["vs"]
+            said = "{} - softmax {:+.{d}f} [{:+.{d}f}, {:+.{d}f}], p {:.3f}".format(
+                label, c["diff"], c["ci_low"], c["ci_high"], c["p_perm"], d=digits)
+            assert said in page, (name, said)
+        return runs
+
+    xs_runs = size_cell("vit-xs", 2, " %")
+    assert all(r["plateau"]["flat"] for r in xs_runs)
+    # the smallest LM at 4,000 steps: final runs flat per variant, and its budget check's seed-0 losses
+    lm_xs = size_cell("lm-xs", 3, " nats")
+    flat = {v: sum(r["plateau"]["flat"] for r in lm_xs if r["variant"] == v) for v in plan.MAIN}
+    assert "4 of softmax's 5 final runs met the plateau rule, 2 of V2's and none of V1's" in page
+    assert flat == {"softmax": 4, "diff": 0, "diff_v2_matched": 2}, flat
+    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "lm-xs"}
+    said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
+        *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
+    assert said in page and all(check[v]["flat_longer"] for v in plan.MAIN), said
     trend = {(p["cell"], p["variant"]): p for p in plan.size_trend(root / plan.RECORDS, plan.CELLS)["vit"]}
     gains = [trend["vit", v]["mean"] - trend["vit-xs", v]["mean"] for v in plan.MAIN]
     assert "softmax gained {:+.2f} points, V1 {:+.2f} and V2 {:+.2f}".format(*gains) in page
