@@ -60,7 +60,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
-                      "lm", "lm-2k", "needle", "lm-xs"}
+                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
@@ -357,7 +357,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the prose below the generated table, as words whatever its line breaks (the table repeats the means)
     page = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
-    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "speech": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
+    quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "speech-80ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2),
               "clip": (2, 2), "clip (test/zs_top1)": (2, 2)}
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
@@ -429,7 +429,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"gained {phrase} points" in page, phrase
     assert rows["diff"]["flat_longer"] and not rows["softmax"]["flat_longer"] and not rows["diff_v2_matched"]["flat_longer"]
     # speech's 80-epoch check: the gains at 160 epochs, every curve flat there; seed 0's gaps as the page says them
-    rows, phrase = budget_check("speech-2x", 2)
+    rows, phrase = budget_check("speech-80ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
     assert all(r["flat_longer"] for r in rows.values())
     for v, at_80, at_160, said in (("diff_v2_matched", "+3.06", "+1.39", "from +3.06 points at 80 epochs to +1.39 at 160"),
@@ -441,7 +441,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # includes zero, neither slope differs from softmax's, V2's gain is smallest in the noisiest third
     from diffzoo.study import tables
 
-    speech = tables.speech_voice_stats(plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "speech")))
+    speech = tables.speech_voice_stats(plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "speech-80ep")))
     by = {r["variant"]: r for r in speech["rows"]}
     for variant, label in (("diff", "V1"), ("diff_v2_matched", "V2")):
         b, i = by[variant]["bootstrap"], by[variant]["interaction"]
@@ -516,7 +516,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     family = {f"{x['p_holm_study']:.3f}" for name, c in result["cells"].items() if c and name not in result["earlier"]
               for x in c["rows"] + c.get("ablations", []) if x.get("p_holm_study") is not None}
     sizes = re.findall(r"study's Holm[^.]*?\((?:(\d\.\d{3}) over )?(\d+) comparisons\)", page)
-    assert len(sizes) == 3, sizes  # speech's V2, MQAR's ablations, ViT's constant lambda_init
+    assert len(sizes) == 2, sizes  # MQAR's ablations, ViT's constant lambda_init
+    # speech at 80 epochs, now an earlier budget: V2's Holm over that table's rows
+    speech_v2 = next(r for r in result["cells"]["speech-80ep"]["rows"] if r["variant"] == "diff_v2_matched")
+    assert f"over the earlier-budget rows ({speech_v2['p_holm_study']:.3f};" in page
     for quoted_holm, n in sizes:
         assert int(n) == result["comparisons"], f"the prose says {n} comparisons, the family has {result['comparisons']}"
         assert not quoted_holm or quoted_holm in family, quoted_holm
@@ -578,8 +581,9 @@ def test_readme_summary_is_what_the_records_give():
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
     assert ("gap fell to +0.012 nats, ViT digits' from -0.94 to -0.21 points and speech's from -2.08 to -0.59"
             in " ".join(readme.split()))
-    speech_v2 = next(r for r in result["cells"]["speech"]["rows"] if r["variant"] == "diff_v2_matched")
-    assert f"+2.33 [+0.65, +4.00] (Holm {speech_v2['p_holm_study']:.3f};" in " ".join(readme.split())
+    speech_v2 = next(r for r in result["cells"]["speech-80ep"]["rows"] if r["variant"] == "diff_v2_matched")
+    assert "speech-80ep" in result["earlier"]  # "Holm over the earlier-budget rows"
+    assert f"+2.33 [+0.65, +4.00] (Holm over the earlier-budget rows {speech_v2['p_holm_study']:.3f};" in " ".join(readme.split())
     assert "V2 leads softmax by +4.5 points of test retrieval recall and +6.2 of zero-shot top-1" in " ".join(readme.split())
     assert "lead on one seed's validation recall from 9.8 to 1.6 points" in " ".join(readme.split())  # clip-2x, above
     for name, variant, text in (("lm", "diff", "+0.012"), ("vit-40ep", "diff", "-0.94"), ("vit", "diff", "-0.21"),
@@ -587,8 +591,8 @@ def test_readme_summary_is_what_the_records_give():
                                 ("clip-80ep", "diff_v2_matched", "+4.5"),
                                 ("clip-80ep (test/zs_top1)", "diff_v2_matched", "+6.2"),
                                 ("clip", "diff", "-0.92"), ("clip (test/zs_top1)", "diff", "+5.42"),
-                                ("speech-40ep", "diff", "-2.08"), ("speech", "diff", "-0.59"),
-                                ("speech", "diff_v2_matched", "+2.33")):
+                                ("speech-40ep", "diff", "-2.08"), ("speech-80ep", "diff", "-0.59"),
+                                ("speech-80ep", "diff_v2_matched", "+2.33")):
         diff = next(r for r in result["cells"][name]["rows"] if r["variant"] == variant)["vs"]["diff"]
         assert f"{diff:+.{len(text.split('.')[1])}f}" == text, (name, diff)
     for name, cell in result["cells"].items():  # a cell shown with a variant missing is named as still to come
