@@ -219,6 +219,10 @@ def test_status_estimates_an_unstarted_cell_from_one_of_the_same_size(tmp_path):
     assert "left" not in big  # vit-l's model size has no runs yet
     assert total == ("left in all: about 9.6 CPU-thread hours (about 4.8 hours of wall time at --jobs 2 on 2 cores); "
                      "no estimate yet for vit-l")
+    # of two cells of that size, the one whose budget is nearest: vit-2x (160 epochs) is estimated from vit-40ep-2x
+    # (80 epochs, 5 min a run: 10 min at 160), not from vit-40ep (2 min at 40: 8 min)
+    (tmp_path / "vit-40ep-2x.json").write_text(json.dumps({"runs": {k: {**r, "seconds": 300.0} for k, r in runs.items()}}))
+    assert "(3 runs; 10.0 min a run estimated from a cell of the same size)" in plan.status_lines(tmp_path, [cells["vit-2x"]])[0]
 
 
 def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):

@@ -270,7 +270,8 @@ def complete_final_runs(record: dict, cell: Cell) -> tuple[list[dict], int]:
 
 def _seconds_per_run(records: Path, cell: Cell) -> float | None:
     """How long a run of ``cell`` takes, from its own records, else from the records of a cell of the same family
-    and model size (scaled by the ratio of their epochs); None when neither has a run (a size of its own)."""
+    and model size (scaled by the ratio of their epochs; of those, the one whose budget is nearest, so that the
+    scaling, which ignores each run's fixed costs, stretches least); None when neither has a run."""
     def mean_seconds(c: Cell) -> float | None:
         rec = load(records, c)
         secs = [r.get("seconds", 0.0) for r in (rec.get("runs") or {}).values() if not r.get("failed")]
@@ -279,11 +280,12 @@ def _seconds_per_run(records: Path, cell: Cell) -> float | None:
     own = mean_seconds(cell)
     if own is not None:
         return own
-    for other in CELLS:
-        if other.family == cell.family and other.size_args == cell.size_args and other.name != cell.name:
-            seconds = mean_seconds(other)
-            if seconds is not None:
-                return seconds * cell_epochs(cell) / cell_epochs(other)
+    epochs = cell_epochs(cell)
+    same = [c for c in CELLS if c.family == cell.family and c.size_args == cell.size_args and c.name != cell.name]
+    for other in sorted(same, key=lambda c: abs(math.log(cell_epochs(c) / epochs))):  # stable: CELLS order on ties
+        seconds = mean_seconds(other)
+        if seconds is not None:
+            return seconds * epochs / cell_epochs(other)
     return None
 
 
