@@ -60,7 +60,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
-                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep"}
+                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
