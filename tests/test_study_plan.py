@@ -455,8 +455,6 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     gaps = [g["diff"] for g in by["diff_v2_matched"]["interaction"]["gap_by_bin"]]
     assert gaps[0] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in page  # "smallest where the noise is worst"
     assert by["diff_v2_matched"]["bootstrap"]["ci_low"] < 0 < by["diff_v2_matched"]["bootstrap"]["ci_high"]
-    # the size trend's small ViT: each variant's test top-1, its gap to softmax (Welch interval, exact permutation p;
-    # descriptive, outside the Holm family), every final run flat, and each variant's gain up to the middle size
     def size_cell(name: str, digits: int, unit: str) -> list[dict]:
         """A size cell's final runs, after checking the prose's means ± sd, Welch intervals and exact permutation
         p (as the study's tables compute them) against them."""
@@ -474,8 +472,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             assert said in page, (name, said)
         return runs
 
+    # the size trend's small ViT: each variant's test top-1, its gap to softmax (Welch interval, exact permutation p;
+    # descriptive, outside the Holm family), every final run flat, and each variant's gain up to the middle size
     xs_runs = size_cell("vit-xs", 2, " %")
     assert all(r["plateau"]["flat"] for r in xs_runs)
+    trend = {(p["cell"], p["variant"]): p for p in plan.size_trend(root / plan.RECORDS, plan.CELLS)["vit"]}
+    gains = [trend["vit", v]["mean"] - trend["vit-xs", v]["mean"] for v in plan.MAIN]
+    assert "softmax gained {:+.2f} points, V1 {:+.2f} and V2 {:+.2f}".format(*gains) in page
     # the smallest LM at 4,000 steps: final runs flat per variant, and its budget check's seed-0 losses
     lm_xs = size_cell("lm-xs", 3, " nats")
     flat = {v: sum(r["plateau"]["flat"] for r in lm_xs if r["variant"] == v) for v in plan.MAIN}
@@ -485,9 +488,6 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
         *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
     assert said in page and all(check[v]["flat_longer"] for v in plan.MAIN), said
-    trend = {(p["cell"], p["variant"]): p for p in plan.size_trend(root / plan.RECORDS, plan.CELLS)["vit"]}
-    gains = [trend["vit", v]["mean"] - trend["vit-xs", v]["mean"] for v in plan.MAIN]
-    assert "softmax gained {:+.2f} points, V1 {:+.2f} and V2 {:+.2f}".format(*gains) in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 

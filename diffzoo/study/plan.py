@@ -66,7 +66,8 @@ class Cell:
     epochs_factor: float | None = None  # budget checks: one grid seed at lr_from's best lr, this times the budget
     epochs: int | None = None  # a budget of its own (a size that needs longer to reach a plateau)
     # the task at a budget the study later found too short, replaced by this cell: reported in a table of its own,
-    # outside the study's Holm family (which holds each task at its final budget only)
+    # outside the study's Holm family (which holds each task at its final budget only); a size-trend cell so
+    # marked is left out of the size trend, where the cell that replaced it stands for its size
     superseded_by: str | None = None
     extend: int = 2  # lrs the sweep may add beyond the starting grid, one at a time, while the best is at an edge
 
