@@ -745,8 +745,12 @@ def plot_size_trend(trend: dict[str, list[dict]], path: Path) -> None:
                             capsize=3, label=SHORT[v])
         ax.set_xscale("log")
         family = FAMILIES[fam]
-        if not family.higher_is_better:
+        if not family.higher_is_better:  # a loss: log axis (scaling laws are straight there), plain tick labels
+            from matplotlib.ticker import FormatStrFormatter
+
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))
+            ax.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))
         ax.set_xlabel("parameters")
         ax.set_ylabel(trend[fam][0]["metric"] if trend[fam] else "")
         ax.set_title(fam)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from pathlib import Path
 
 from .families import Family
@@ -34,8 +35,10 @@ def plot_curves(family: Family, runs: list[dict], path: Path) -> None:
             steps, ys = mean_curve(rs, key, scale)
             if steps:
                 ax.plot(steps, ys, marker="." if len(steps) < 30 else None, label=f"{variant} (n={len(rs)})")
-    axes[0].set(xlabel="step", ylabel=family.val_metric, title=f"validation: {family.label}")
-    axes[1].set(xlabel="step", ylabel="global gradient norm", title="gradient norm (before clipping)", yscale="log")
+    axes[0].set(xlabel="step", ylabel=family.val_metric)
+    axes[0].set_title("validation: " + textwrap.fill(family.label, 60), fontsize=9)  # long task labels wrap
+    axes[1].set(xlabel="step", ylabel="global gradient norm", yscale="log")
+    axes[1].set_title("gradient norm (before clipping)", fontsize=9)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
