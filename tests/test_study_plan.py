@@ -347,9 +347,45 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
     rows = plan.budget_checks(tmp_path, [check])
     assert [r["variant"] for r in rows] == list(plan.MAIN)
     assert all(r["budget"] == pytest.approx(90.0) and r["longer"] == pytest.approx(95.0) for r in rows)
-    assert "| mqar | softmax | 0.004 | val/acc | 90.00 | 2x | 95.00 | +5.00 | yes | yes |" in plan.budget_table(rows)
+    assert "| mqar | softmax | 0.004 | 0 | val/acc | 90.00 | 2x | 95.00 | +5.00 | yes | yes |" in plan.budget_table(rows)
     assert [r["flat_longer"] for r in rows] == [True, False, True]
-    assert "| mqar | diff | 0.001 | val/acc | 90.00 | 2x | 95.00 | +5.00 | yes | no |" in plan.budget_table(rows)
+    assert "| mqar | diff | 0.001 | 0 | val/acc | 90.00 | 2x | 95.00 | +5.00 | yes | no |" in plan.budget_table(rows)
+
+
+def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(tmp_path):
+    """A check with 3 seeds trains grid seeds 0-2 longer and compares the means over the seeds both cells have,
+    each seed against its own run at the budget; a seed not run yet at the longer budget is left out of both."""
+    import dataclasses
+
+    check = dataclasses.replace(next(c for c in plan.CELLS if c.name == "mqar-2x"), check_seeds=3)
+    best = {"softmax": 4e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
+
+    def run(v: str, seed: int, acc: float, rising: bool = False) -> dict:  # rising: +5 points over the tail
+        curve = [[s, (acc - (5 if rising and s < 90 else 0)) / 100] for s in range(10, 110, 10)]
+        return {"name": run_name(v, best[v], seed), "variant": v, "lr": best[v], "seed": seed, "knob": None,
+                "seconds": 60.0, "curves": {"val/acc": curve}, "summary": {"metrics": {"val/acc": acc / 100}}}
+
+    src = _record("mqar", best, {v: [90.0] for v in best})
+    for v in best:  # grid seeds 0-2 at the best lr: 80, 84, 88 %; seed 2 still rising, except softmax's
+        src["runs"].update({run_name(v, best[v], s): run(v, s, 80 + 4 * s, s == 2 and v != "softmax")
+                            for s in range(3)})
+    (tmp_path / "mqar.json").write_text(json.dumps(src))
+    (argv,) = plan.cell_sweeps(check, tmp_path, 2, False, False)
+    assert argv[argv.index("--seeds", argv.index("--seeds") + 1) + 1] == "3"  # the last --seeds wins
+    assert plan.planned_runs(check) == 9
+    # longer: every seed 2 points up and flat; softmax's seed 2 not run yet
+    longer = {"runs": {run_name(v, best[v], s): run(v, s, 82 + 4 * s) for v in best
+                       for s in range(2 if v == "softmax" else 3)}}
+    (tmp_path / "mqar-2x.json").write_text(json.dumps(longer))
+    assert "done" not in plan.status_lines(tmp_path, [check])[0] and "(1 runs;" in plan.status_lines(tmp_path, [check])[0]
+    rows = {r["variant"]: r for r in plan.budget_checks(tmp_path, [check])}
+    assert rows["softmax"]["seeds"] == [0, 1] and rows["diff"]["seeds"] == [0, 1, 2]
+    assert rows["softmax"]["budget"] == pytest.approx(82.0) and rows["softmax"]["longer"] == pytest.approx(84.0)
+    assert rows["diff"]["budget"] == pytest.approx(84.0) and rows["diff"]["longer"] == pytest.approx(86.0)
+    assert (rows["diff"]["flat"], rows["diff"]["flat_n"], rows["diff"]["flat_longer_n"]) == (False, 2, 3)
+    table = plan.budget_table(list(rows.values()))
+    assert "| mqar | diff | 0.001 | 0, 1, 2 | val/acc | 84.00 | 2x | 86.00 | +2.00 | 2 of 3 | 3 of 3 |" in table
+    assert "| mqar | softmax | 0.004 | 0, 1 | val/acc | 82.00 | 2x | 84.00 | +2.00 | 2 of 2 | 2 of 2 |" in table
 
 
 def test_results_page_quotes_the_finished_cells_from_their_records():
