@@ -60,7 +60,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
-                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k"}
+                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
@@ -300,12 +300,20 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert "| vit-l | 1,800,000 | 95.00 ± 0.50 (n=5) |" in table and "outside the sizes run" in table
     plan.plot_size_trend(trend, tmp_path / "trend.png")
     assert (tmp_path / "trend.png").stat().st_size > 1000
-    # a size whose budget proved too short (lm-xs) gives way to the cell that replaced it (lm-xs-8k)
+    # a size whose budget proved too short (lm-xs, then lm-xs-8k) gives way to the cell that replaced it, once
+    # that cell has its final runs
+    assert next(c for c in plan.CELLS if c.name == "lm-xs").superseded_by == "lm-xs-8k"
+    assert next(c for c in plan.CELLS if c.name == "lm-xs-8k").superseded_by == "lm-xs-16k"
     for name, loss in (("lm", 1.2), ("lm-xs", 1.4), ("lm-xs-8k", 1.3)):
         (tmp_path / f"{name}.json").write_text(json.dumps(_record("lm", best, {v: [loss] * 8 for v in best})))
-    assert next(c for c in plan.CELLS if c.name == "lm-xs").superseded_by == "lm-xs-8k"
-    lm = plan.size_trend(tmp_path, plan.CELLS)["lm"]
+    lm = plan.size_trend(tmp_path, plan.CELLS)["lm"]  # lm-xs-16k has no runs yet: lm-xs-8k stands for the size
     assert {p["cell"] for p in lm} == {"lm", "lm-xs-8k"} and {p["mean"] for p in lm} == {1.2, 1.3}
+    half = _record("lm", best, {"softmax": [1.25] * 8, "diff": [1.25] * 8})  # V2's final runs missing
+    (tmp_path / "lm-xs-16k.json").write_text(json.dumps(half))
+    assert {p["cell"] for p in plan.size_trend(tmp_path, plan.CELLS)["lm"]} == {"lm", "lm-xs-8k"}
+    (tmp_path / "lm-xs-16k.json").write_text(json.dumps(_record("lm", best, {v: [1.25] * 8 for v in best})))
+    lm = plan.size_trend(tmp_path, plan.CELLS)["lm"]
+    assert {p["cell"] for p in lm} == {"lm", "lm-xs-16k"} and {p["mean"] for p in lm} == {1.2, 1.25}
 
 
 def test_clip_reports_retrieval_and_zero_shot_from_the_same_final_runs(tmp_path):
@@ -524,6 +532,25 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
         *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
     assert said in page and all(check[v]["flat_longer"] for v in plan.MAIN), said
+    # the smallest LM at 8,000 steps: flat counts, and its three-seed check (means, each seed paired with its own
+    # grid run; V1's per-seed changes)
+    lm_xs_8k = size_cell("lm-xs-8k", 3, " nats")
+    flat = {v: sum(r["plateau"]["flat"] for r in lm_xs_8k if r["variant"] == v) for v in plan.MAIN}
+    assert flat == {"softmax": 3, "diff": 0, "diff_v2_matched": 0} and "Only 3 of softmax's 5 final runs" in page
+    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "lm-xs-8k"}
+    assert all(check[v]["seeds"] == [0, 1, 2] for v in plan.MAIN)
+    said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
+        *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
+    assert said in page, said
+    gains = {v: check[v]["budget"] - check[v]["longer"] for v in plan.MAIN}
+    tolerance = 0.01 * check["diff"]["budget"]  # "V1 gains twice the rule's tolerance and the other two do not"
+    assert gains["diff"] > 2 * tolerance - 0.001 and gains["softmax"] < tolerance and gains["diff_v2_matched"] < tolerance
+    record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-8k-2x"))
+    source = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-8k"))
+    lr = source["best"]["diff"]["lr"]
+    moved = [plan.metric_value(record["runs"][run_name("diff", lr, s)], "val/loss")
+             - plan.metric_value(source["runs"][run_name("diff", lr, s)], "val/loss") for s in range(3)]
+    assert "V1's seeds moved by {:+.3f}, {:+.3f} and {:+.3f}".format(*moved) in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
@@ -895,3 +922,25 @@ def test_ablation_table_says_what_each_row_against_softmax_compares():
     assert lines[0].startswith("| t | softmax_wide | softmax | fewer, wider heads")  # its parent is softmax
     assert lines[1].startswith("| t | diff_nonorm | softmax | every change from softmax at once |")
     assert lines[2].startswith("| t | diff_nonorm | diff | without the norm |")
+
+
+def test_a_cell_takes_the_runs_of_a_check_with_its_set_up_instead_of_training_them_again(tmp_path):
+    """lm-xs-16k's centre lrs at seeds 0-2 are exactly the runs its source's budget check trained (same
+    arguments): they are copied into its records, marked, once; records of another set-up get nothing."""
+    cell = next(c for c in plan.CELLS if c.name == "lm-xs-16k")
+    assert cell.runs_from == "lm-xs-8k-2x" and cell.epochs == 160
+    best = {"softmax": 3.2e-2, "diff": 6.4e-2, "diff_v2_matched": 6.4e-2}
+    check = _record("lm", best, {v: [1.41] for v in best})
+    check.update(family="lm", recipe="recipes.lm", extra=list(plan.LM_XS), quick=False, fixed=["--trainer.max_epochs", "160"])
+    check["runs"]["softmax_lr0.032_seed1"] = {**check["runs"][run_name("softmax", 3.2e-2, sweep.FINAL_SEED)],
+                                              "failed": "killed"}  # a failed run is trained again, not copied
+    (tmp_path / "lm-xs-8k-2x.json").write_text(json.dumps(check))
+    assert plan.adopt_runs(tmp_path, cell) == 3
+    taken = plan.load(tmp_path, cell)
+    assert {r["adopted_from"] for r in taken["runs"].values()} == {"lm-xs-8k-2x"} and len(taken["runs"]) == 3
+    assert taken["fixed"] == check["fixed"] and taken["extra"] == check["extra"]
+    assert plan.adopt_runs(tmp_path, cell) == 0  # once
+    taken["fixed"] = ["--trainer.max_epochs", "80"]  # another budget: nothing is mixed in
+    taken["runs"] = {}
+    (tmp_path / "lm-xs-16k.json").write_text(json.dumps(taken))
+    assert plan.adopt_runs(tmp_path, cell) == 0 and plan.load(tmp_path, cell)["runs"] == {}

@@ -39,7 +39,7 @@ from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
-from .sweep import FINAL_SEED
+from .sweep import FINAL_SEED, dump_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
 MAIN = MAIN_VARIANTS
@@ -73,6 +73,9 @@ class Cell:
     # budget checks: the grid seeds (0, 1, ...) trained longer, each compared with its own grid run at the budget;
     # more than one where the seeds' spread at the chosen lr is as large as the plateau tolerance
     check_seeds: int = 1
+    # a cell whose runs have this cell's set-up (the budget check that trained this cell's budget at its centre
+    # lrs): the study takes them into this cell's records rather than train them twice
+    runs_from: str | None = None
 
     @property
     def lrs(self) -> list[float]:
@@ -90,11 +93,11 @@ def _check(source: str, family: str | None = None, factor: float = 2.0, extra: t
 
 
 def _size(cell: str, family: str, size_args: tuple[str, ...], lr_from: str, epochs: int | None = None,
-          superseded_by: str | None = None) -> Cell:
+          superseded_by: str | None = None, runs_from: str | None = None) -> Cell:
     """A size-trend cell: the three main variants, 3 lrs around the neighbouring size's best, 5 final seeds; up to
     4 lrs added at an edge (a size's best lr can lie several steps from its neighbour's: lm-xs's V2 was still at an edge after 2)."""
     return Cell(cell, family, MAIN, size_args=size_args, grid_points=3, final_seeds=5, lr_from=lr_from,
-                epochs=epochs, extend=4, superseded_by=superseded_by)
+                epochs=epochs, extend=4, superseded_by=superseded_by, runs_from=runs_from)
 
 
 LM_XS = ("--model.model_kwargs", '{"dim": 32, "intermediate_size": 80}')  # the smallest LM of the size trend
@@ -173,12 +176,16 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     # flat there), so the size trend's smallest LM trains 8,000 steps (lm-xs-8k, centred on this cell's best lrs)
     _size("lm-xs", "lm", LM_XS, "lm", superseded_by="lm-xs-8k"),
     _check("lm-xs", "lm", size_args=LM_XS),
-    _size("lm-xs-8k", "lm", LM_XS, "lm-xs", epochs=80),
+    _size("lm-xs-8k", "lm", LM_XS, "lm-xs", epochs=80, superseded_by="lm-xs-16k"),
     # at 8,000 steps V1's final runs (lr 6.4e-2, one step below a diverging 1.28e-1) still gained 0.033 nats over
     # their last fifth: does a longer budget help, or is that the cosine schedule annealing a high lr?
     # three seeds: at lm-xs-8k's chosen lrs the grid seeds spread by 0.01-0.03 nats, so one seed cannot tell a
     # gain of the 1 % tolerance (0.014) from noise; seed 0 alone moved V1 by -0.046 and V2 by +0.017
     _check("lm-xs-8k", "lm", size_args=LM_XS, seeds=3),
+    # ... and over those three seeds V1 gained 0.030 nats at 16,000 steps (twice the tolerance; softmax 0.005, V2
+    # 0.003), enough to turn softmax's lead at 8,000 steps into V1's: the smallest LM trains 16,000 steps
+    _size("lm-xs-16k", "lm", LM_XS, "lm-xs-8k", epochs=160, runs_from="lm-xs-8k-2x"),
+    _check("lm-xs-16k", "lm", size_args=LM_XS, seeds=3),
     _size("lm-l", "lm", ("--model.model", "lm_nano"), "lm"),
 )
 
@@ -235,6 +242,30 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
                  "--seeds", str(1 if quick else cell.check_seeds), "--final-seeds", "0", "--extend", "0",
                  "--epochs", epochs]]
     return [sweep_argv(cell, records, jobs, quick, [v], lr_grid(best[v], cell.grid_points)) for v in variants]
+
+
+def adopt_runs(records: Path, cell: Cell) -> int:
+    """Copy into ``cell``'s records the runs of ``cell.runs_from`` it does not hold yet, each marked with the cell
+    it came from, when both records name the same set-up (family, extra and fixed arguments, quick or not);
+    returns how many were copied. Nothing is copied into records made with another set-up: the sweep refuses
+    those itself."""
+    if cell.runs_from is None:
+        return 0
+    source = load(records, next(c for c in CELLS if c.name == cell.runs_from))
+    target = load(records, cell)
+    setup = ("family", "recipe", "extra", "quick", "fixed")
+    if not source.get("runs") or any(k in target and target[k] != source.get(k) for k in setup):
+        return 0
+    new = {name: {**run, "adopted_from": cell.runs_from} for name, run in source["runs"].items()
+           if name not in (target.get("runs") or {}) and not run.get("failed")}
+    if new:
+        target.update({k: source[k] for k in setup if k in source})
+        target["runs"] = {**(target.get("runs") or {}), **new}
+        path = records / f"{cell.name}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(dump_records(target))
+        tmp.replace(path)
+    return len(new)
 
 
 def cell_epochs(cell: Cell) -> int:
@@ -710,16 +741,18 @@ def budget_table(rows: list[dict]) -> str:
 def size_trend(records: Path, cells: Sequence[Cell]) -> dict:
     """Per family with size-trend cells and results at two sizes or more: for every size and main variant, the
     final runs' test metric (mean, sd, n) and the model's parameter count (from the runs' summaries). A size
-    cell whose budget proved too short (``superseded_by``) is left out: the cell that replaced it stands for
-    that size."""
+    cell whose budget proved too short (``superseded_by``) stands for its size until the cell that replaced it
+    has every variant's final runs, and from then on that cell does (never both, never a cell half-way)."""
     trend: dict[str, list[dict]] = {}
+    replaces = {c.superseded_by: c for c in CELLS if c.superseded_by is not None}
     families = {c.family for c in cells if _is_size(c)}
     for fam in sorted(families):
         family = FAMILIES[fam]
         metric = family.test_metric or family.val_metric
         points = []
-        for cell in [c for c in CELLS if c.family == fam and c.superseded_by is None and (
-                _is_size(c) or any(x.lr_from == c.name and _is_size(x) for x in CELLS))]:
+        for cell in [c for c in CELLS if c.family == fam and not _replaced(records, c)
+                     and (c.name not in replaces or _replaced(records, replaces[c.name]))
+                     and (_is_size(c) or any(x.lr_from == c.name and _is_size(x) for x in CELLS))]:
             rec = load(records, cell)
             for v in MAIN:
                 runs = [r for r in complete_final_runs(rec, cell)[0] if r["variant"] == v]
@@ -734,6 +767,15 @@ def size_trend(records: Path, cells: Sequence[Cell]) -> dict:
         if len({p["cell"] for p in points}) >= 2:  # one size is not a trend
             trend[fam] = points
     return trend
+
+
+def _replaced(records: Path, cell: Cell) -> bool:
+    """Whether the cell that supersedes ``cell`` has every main variant's final runs."""
+    if cell.superseded_by is None:
+        return False
+    after = next(c for c in CELLS if c.name == cell.superseded_by)
+    runs = complete_final_runs(load(records, after), after)[0]
+    return {r["variant"] for r in runs} >= set(MAIN)
 
 
 def parameters_for(points: list[dict], variant: str, target: float, higher_is_better: bool) -> float | None:
@@ -945,6 +987,8 @@ def main(argv: list[str] | None = None) -> None:
         for cell in cells:
             start = time.time()
             print(f"== cell {cell.name}", flush=True)
+            if not args.quick and (adopted := adopt_runs(args.records, cell)):
+                print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records", flush=True)
             for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
                 sweep(argv)
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
