@@ -935,7 +935,9 @@ def test_a_cell_takes_the_runs_of_a_check_with_its_set_up_instead_of_training_th
     check["runs"]["softmax_lr0.032_seed1"] = {**check["runs"][run_name("softmax", 3.2e-2, sweep.FINAL_SEED)],
                                               "failed": "killed"}  # a failed run is trained again, not copied
     (tmp_path / "lm-xs-8k-2x.json").write_text(json.dumps(check))
+    assert "(39 runs;" in plan.status_lines(tmp_path, [cell])[0]  # 42 planned, 3 of them trained by the check
     assert plan.adopt_runs(tmp_path, cell) == 3
+    assert "(39 runs;" in plan.status_lines(tmp_path, [cell])[0]  # the same once they are copied
     taken = plan.load(tmp_path, cell)
     assert {r["adopted_from"] for r in taken["runs"].values()} == {"lm-xs-8k-2x"} and len(taken["runs"]) == 3
     assert taken["fixed"] == check["fixed"] and taken["extra"] == check["extra"]

@@ -244,22 +244,31 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
     return [sweep_argv(cell, records, jobs, quick, [v], lr_grid(best[v], cell.grid_points)) for v in variants]
 
 
+_SETUP = ("family", "recipe", "extra", "quick", "fixed")  # what a records file says its runs were trained with
+
+
+def _adoptable(records: Path, cell: Cell) -> tuple[dict, dict]:
+    """``cell``'s records, and the finished runs of ``cell.runs_from`` they lack (each marked with the cell it
+    comes from) when both records name the same set-up; none otherwise."""
+    target = load(records, cell)
+    if cell.runs_from is None:
+        return target, {}
+    source = load(records, next(c for c in CELLS if c.name == cell.runs_from))
+    if not source.get("runs") or any(k in target and target[k] != source.get(k) for k in _SETUP):
+        return target, {}
+    return target, {name: {**run, "adopted_from": cell.runs_from} for name, run in source["runs"].items()
+                    if name not in (target.get("runs") or {}) and not run.get("failed")}
+
+
 def adopt_runs(records: Path, cell: Cell) -> int:
     """Copy into ``cell``'s records the runs of ``cell.runs_from`` it does not hold yet, each marked with the cell
     it came from, when both records name the same set-up (family, extra and fixed arguments, quick or not);
     returns how many were copied. Nothing is copied into records made with another set-up: the sweep refuses
     those itself."""
-    if cell.runs_from is None:
-        return 0
-    source = load(records, next(c for c in CELLS if c.name == cell.runs_from))
-    target = load(records, cell)
-    setup = ("family", "recipe", "extra", "quick", "fixed")
-    if not source.get("runs") or any(k in target and target[k] != source.get(k) for k in setup):
-        return 0
-    new = {name: {**run, "adopted_from": cell.runs_from} for name, run in source["runs"].items()
-           if name not in (target.get("runs") or {}) and not run.get("failed")}
+    target, new = _adoptable(records, cell)
     if new:
-        target.update({k: source[k] for k in setup if k in source})
+        source = load(records, next(c for c in CELLS if c.name == cell.runs_from))
+        target.update({k: source[k] for k in _SETUP if k in source})
         target["runs"] = {**(target.get("runs") or {}), **new}
         path = records / f"{cell.name}.json"
         tmp = path.with_name(path.name + ".tmp")
@@ -347,7 +356,7 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         done = (grid >= planned_runs(cell)) if cell.epochs_factor is not None else \
             final >= cell.final_seeds * len(cell.variants)
         planned = planned_runs(cell, rec)
-        left = max(planned - len(runs), 0)
+        left = max(planned - len(runs) - len(_adoptable(records, cell)[1]), 0)  # runs another cell trained count
         per_run = None if rec.get("quick") else _seconds_per_run(records, cell)
         if done:
             tail = " - done"
