@@ -39,7 +39,7 @@ from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
-from .sweep import FINAL_SEED, dump_records
+from .sweep import FINAL_SEED, write_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
 MAIN = MAIN_VARIANTS
@@ -63,7 +63,7 @@ class Cell:
     grid_points: int = 5
     final_seeds: int = FINAL_SEEDS
     lr_from: str | None = None  # size-trend cells: each variant's grid is centred on its best lr in this cell
-    epochs_factor: float | None = None  # budget checks: one grid seed at lr_from's best lr, this times the budget
+    epochs_factor: float | None = None  # budget checks: grid seeds at lr_from's best lr, this times the budget
     epochs: int | None = None  # a budget of its own (a size that needs longer to reach a plateau)
     # the task at a budget the study later found too short, replaced by this cell: reported in a table of its own,
     # outside the study's Holm family (which holds each task at its final budget only); a size-trend cell so
@@ -247,17 +247,17 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
 _SETUP = ("family", "recipe", "extra", "quick", "fixed")  # what a records file says its runs were trained with
 
 
-def _adoptable(records: Path, cell: Cell) -> tuple[dict, dict]:
-    """``cell``'s records, and the finished runs of ``cell.runs_from`` they lack (each marked with the cell it
-    comes from) when both records name the same set-up; none otherwise."""
+def _adoptable(records: Path, cell: Cell) -> tuple[dict, dict, dict]:
+    """``cell``'s records, those of ``cell.runs_from``, and the finished runs of the latter the former lacks
+    (each marked with the cell it comes from) when both records name the same set-up; none otherwise."""
     target = load(records, cell)
     if cell.runs_from is None:
-        return target, {}
+        return target, {}, {}
     source = load(records, next(c for c in CELLS if c.name == cell.runs_from))
     if not source.get("runs") or any(k in target and target[k] != source.get(k) for k in _SETUP):
-        return target, {}
-    return target, {name: {**run, "adopted_from": cell.runs_from} for name, run in source["runs"].items()
-                    if name not in (target.get("runs") or {}) and not run.get("failed")}
+        return target, source, {}
+    return target, source, {name: {**run, "adopted_from": cell.runs_from} for name, run in source["runs"].items()
+                            if name not in (target.get("runs") or {}) and not run.get("failed")}
 
 
 def adopt_runs(records: Path, cell: Cell) -> int:
@@ -265,15 +265,11 @@ def adopt_runs(records: Path, cell: Cell) -> int:
     it came from, when both records name the same set-up (family, extra and fixed arguments, quick or not);
     returns how many were copied. Nothing is copied into records made with another set-up: the sweep refuses
     those itself."""
-    target, new = _adoptable(records, cell)
+    target, source, new = _adoptable(records, cell)
     if new:
-        source = load(records, next(c for c in CELLS if c.name == cell.runs_from))
         target.update({k: source[k] for k in _SETUP if k in source})
         target["runs"] = {**(target.get("runs") or {}), **new}
-        path = records / f"{cell.name}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(dump_records(target))
-        tmp.replace(path)
+        write_records(records / f"{cell.name}.json", target)
     return len(new)
 
 
@@ -356,7 +352,7 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         done = (grid >= planned_runs(cell)) if cell.epochs_factor is not None else \
             final >= cell.final_seeds * len(cell.variants)
         planned = planned_runs(cell, rec)
-        left = max(planned - len(runs) - len(_adoptable(records, cell)[1]), 0)  # runs another cell trained count
+        left = max(planned - len(runs) - len(_adoptable(records, cell)[2]), 0)  # runs another cell trained count
         per_run = None if rec.get("quick") else _seconds_per_run(records, cell)
         if done:
             tail = " - done"
@@ -804,6 +800,7 @@ def plot_size_trend(trend: dict[str, list[dict]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     fams = [f for f, pts in trend.items() if any(p["parameters"] for p in pts)]
     if not fams:
@@ -819,8 +816,6 @@ def plot_size_trend(trend: dict[str, list[dict]], path: Path) -> None:
         ax.set_xscale("log")
         family = FAMILIES[fam]
         if not family.higher_is_better:  # a loss: log axis (scaling laws are straight there), plain tick labels
-            from matplotlib.ticker import FormatStrFormatter
-
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FormatStrFormatter("%.2f"))
             ax.yaxis.set_minor_formatter(FormatStrFormatter("%.2f"))

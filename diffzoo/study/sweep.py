@@ -178,6 +178,14 @@ def score_untrained(family: Family, out: Path, variant: str, seed: int, quick: b
         latest_log_dir(folder / name) / "metrics.csv")}
 
 
+def write_records(path: Path, results: dict) -> None:
+    """Write ``results`` to ``path`` through a temporary file: a run killed while saving leaves the previous
+    records whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dump_records(results))
+    tmp.replace(path)
+
+
 def dump_records(results: dict) -> str:
     """``results`` as JSON, indented by one space, except each run's ``test_clips``, one clip per line
     (``["voice", snr_db, label, pred]``), and each of its ``curves``, one curve per line, instead of one value
@@ -290,9 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def save() -> None:
         results["runs"] = cache
-        tmp = results_path.with_name(results_path.name + ".tmp")
-        tmp.write_text(dump_records(results))
-        tmp.replace(results_path)  # a run killed while saving leaves the previous records whole
+        write_records(results_path, results)
 
     digits = 2 if family.scale != 1.0 else 3
     start = time.time()
