@@ -407,7 +407,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
     quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "speech-80ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2),
-              "clip": (2, 2), "clip (test/zs_top1)": (2, 2)}
+              "clip": (2, 2), "clip (test/zs_top1)": (2, 2), "cluttered": (2, 2)}
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -421,6 +421,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 assert ci in page, (name, r["variant"], ci)
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
+    # cluttered digits: V1's deficit survives the study's Holm, as the page says, and V2's interval spans zero
+    clut = {r["variant"]: r for r in result["cells"]["cluttered"]["rows"]}
+    holm, n = clut["diff"]["p_holm_study"], result["comparisons"]
+    assert holm < 0.05 and f"Holm {holm:.3f} over the study's {n} comparisons" in page
+    v2 = clut["diff_v2_matched"]["vs"]
+    assert v2["ci_low"] < 0 < v2["ci_high"]  # "no difference found"
     # the ablations of the decoder (MQAR) and the encoder (ViT digits) against the variant each one changes, as
     # the prose quotes them (with their study Holm), each as soon as both of its variants have all their final seeds
     for name, d in (("mqar", 1), ("vit", 2)):
@@ -573,9 +579,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # what the prose says survives Holm: exactly these comparisons, each in its own family (study or earlier budgets)
     survives = {(name, r["variant"]) for name, c in result["cells"].items() if c for r in c["rows"]
                 if r.get("p_holm_study", 1.0) < 0.05}
-    assert survives == {("lm-2k", "diff"), ("cluttered-30ep", "diff")}, survives
+    assert survives == {("lm-2k", "diff"), ("cluttered-30ep", "diff"), ("cluttered", "diff")}, survives
     assert page.count("significant after Holm's correction over the earlier-budget rows") == 2
-    assert "significant after the study's Holm" not in page  # no row of the study's family survives it yet
+    # one row of the study's family survives it (cluttered's V1, above), and the prose says so once
+    assert page.count("survives the study's correction") == 1
     # the family grows as cells finish: every size of it the prose gives ("the study's Holm ... (0.249 over 24
     # comparisons)") is its size now, and every Holm quoted with it is one of the family's adjusted p
     import re
@@ -639,10 +646,20 @@ def test_readme_summary_is_what_the_records_give():
     assert on_page and on_page == plan.summary_block(result), (
         "README.md's study summary differs from the records: python -m recipes.study report --page docs/results.md "
         "--summary README.md")
-    final = [r for name, c in result["cells"].items() if c and name not in result["earlier"] for r in c["rows"]
-             if "vs" in r]
-    assert final and "So far no difference between either differential variant and softmax survives" in readme
-    assert all(r["p_holm_study"] >= 0.05 for r in final)  # what that sentence says
+    final = {(name, r["variant"]): r for name, c in result["cells"].items() if c and name not in result["earlier"]
+             for r in c["rows"] if "vs" in r}
+    words = " ".join(readme.split())
+    assert "One difference between a differential variant and softmax survives the study's Holm correction" in words
+    assert {k for k, r in final.items() if r["p_holm_study"] < 0.05} == {("cluttered", "diff")}  # what it says
+    clut, clut_v2 = final[("cluttered", "diff")], final[("cluttered", "diff_v2_matched")]["vs"]
+    said = "V1 is {:.2f} points of test top-1 behind softmax [{:+.2f}, {:+.2f}] (Holm {:.3f};".format(
+        -clut["vs"]["diff"], clut["vs"]["ci_low"], clut["vs"]["ci_high"], clut["p_holm_study"])
+    assert said in words, said
+    assert "V2 is level with it ({:+.2f} [{:+.2f}, {:+.2f}])".format(
+        clut_v2["diff"], clut_v2["ci_low"], clut_v2["ci_high"]) in words and clut_v2["ci_low"] < 0 < clut_v2["ci_high"]
+    flat = sum(r["plateau"]["flat"] for r in plan.final_runs(plan.load(root / plan.RECORDS, next(
+        c for c in plan.CELLS if c.name == "cluttered"))) if r["variant"] == "diff")
+    assert flat == 4 and "half of its final runs had not flattened" in words  # 4 of V1's 8
     vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r and r["variant"] in plan.MAIN}
     assert set(vit) == {"diff", "diff_v2_matched"}  # "both": the sentence reads V1 and V2, not the ablations
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
