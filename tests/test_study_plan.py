@@ -4,6 +4,7 @@ pipeline is."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -363,8 +364,6 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
 def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(tmp_path):
     """A check with 3 seeds trains grid seeds 0-2 longer and compares the means over the seeds both cells have,
     each seed against its own run at the budget; a seed not run yet at the longer budget is left out of both."""
-    import dataclasses
-
     check = dataclasses.replace(next(c for c in plan.CELLS if c.name == "mqar-2x"), check_seeds=3)
     best = {"softmax": 4e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
 
@@ -474,6 +473,17 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("cluttered-30ep-4x", 2)
     assert f"gained {phrase} points" in page, phrase
     assert not rows["softmax"]["flat_longer"] and rows["diff"]["flat_longer"] and rows["diff_v2_matched"]["flat_longer"]
+    # cluttered's (final-budget) check, seed by seed as the page says it: seed 0's changes at 240 epochs, every
+    # run flat there, and its V1 and V2 gaps at 120 and 240 epochs
+    check = dataclasses.replace(next(c for c in plan.CELLS if c.name == "cluttered-2x"), check_seeds=1)
+    rows = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [check])}
+    assert len(rows) == 3 and all(r["seeds"] == [0] and r["flat_longer"] for r in rows.values())
+    ch = {v: f"{r['longer'] - r['budget']:+.2f}" for v, r in rows.items()}
+    assert f"On seed 0, validation top-1 changed by {ch['softmax']} (softmax), {ch['diff']} (V1) and " \
+           f"{ch['diff_v2_matched']} (V2) points" in page, ch
+    gap = {v: [f"{rows[v][k] - rows['softmax'][k]:+.1f}" for k in ("budget", "longer")] for v in plan.MAIN[1:]}
+    for v, said in (("diff", "shrinks V1's gap on that seed from {} to {} points"), ("diff_v2_matched", "V2's from {} to {}")):
+        assert " ".join(said.format(*gap[v]).split()) in " ".join(page.split()), (v, gap[v])
     # the ViT's check: under a point for each variant, every curve flat at both budgets
     rows, phrase = budget_check("vit-2x", 2)
     assert f"gained {phrase} points" in page, phrase
