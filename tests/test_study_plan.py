@@ -395,6 +395,13 @@ def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(t
     assert "| mqar | softmax | 0.004 | 0, 1 | val/acc | 82.00 | 2x | 84.00 | +2.00 | 2 of 2 | 2 of 2 |" in table
 
 
+def _check_rows(name: str) -> dict[str, dict]:
+    """The study's budget check ``name`` as the report gives it (its rows by variant), from the records in the
+    repository."""
+    root = Path(__file__).resolve().parents[1]
+    return {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
+
+
 def test_results_page_quotes_the_finished_cells_from_their_records():
     """Every finished cell's row on docs/results.md is recomputed here from the records in the repository."""
     from pathlib import Path
@@ -440,7 +447,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             assert quote in page, (name, a["variant"], a["parent"], quote)
     def budget_check(name: str, digits: int) -> tuple[dict, str]:
         """A budget check's rows by variant, and the page's phrase of each variant's change at twice the budget."""
-        rows = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
+        rows = _check_rows(name)
         assert len(rows) == 3, name
         ch = {v: f"{r['longer'] - r['budget']:+.{digits}f}" for v, r in rows.items()}
         return rows, f"{ch['softmax']} (softmax), {ch['diff']} (V1) and {ch['diff_v2_matched']} (V2)"
@@ -668,7 +675,7 @@ def test_readme_summary_is_what_the_records_give():
         clut_v2["diff"], clut_v2["ci_low"], clut_v2["ci_high"]) in words and clut_v2["ci_low"] < 0 < clut_v2["ci_high"]
     flat = sum(1 for p in clut["plateau"] if p and p["flat"])  # the row's final runs, as the table counts them
     assert flat == 4 and "half of V1's final runs had not flattened" in words  # 4 of V1's 8
-    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == "cluttered-2x"])}
+    check = _check_rows("cluttered-2x")
     assert check["diff"]["seeds"] == check["softmax"]["seeds"] == [0, 1, 2]
     gap = [f"{check['diff'][k] - check['softmax'][k]:+.2f}" for k in ("budget", "longer")]
     assert "V1's validation gap over three seeds shrank from {} to {} points".format(*gap) in words, gap
@@ -676,12 +683,12 @@ def test_readme_summary_is_what_the_records_give():
     assert set(vit) == {"diff", "diff_v2_matched"}  # "both": the sentence reads V1 and V2, not the ablations
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
     assert ("gap fell to +0.012 nats, ViT digits' from -0.94 to -0.21 points and speech's from -2.08 to -0.59"
-            in " ".join(readme.split()))
+            in words)
     speech_v2 = next(r for r in result["cells"]["speech-80ep"]["rows"] if r["variant"] == "diff_v2_matched")
     assert "speech-80ep" in result["earlier"]  # "Holm over the earlier-budget rows"
-    assert f"+2.33 [+0.65, +4.00] (Holm over the earlier-budget rows {speech_v2['p_holm_study']:.3f};" in " ".join(readme.split())
-    assert "V2 leads softmax by +4.5 points of test retrieval recall and +6.2 of zero-shot top-1" in " ".join(readme.split())
-    assert "lead on one seed's validation recall from 9.8 to 1.6 points" in " ".join(readme.split())  # clip-2x, above
+    assert f"+2.33 [+0.65, +4.00] (Holm over the earlier-budget rows {speech_v2['p_holm_study']:.3f};" in words
+    assert "V2 leads softmax by +4.5 points of test retrieval recall and +6.2 of zero-shot top-1" in words
+    assert "lead on one seed's validation recall from 9.8 to 1.6 points" in words  # clip-2x, above
     for name, variant, text in (("lm", "diff", "+0.012"), ("vit-40ep", "diff", "-0.94"), ("vit", "diff", "-0.21"),
                                 ("lm-2k", "diff", "+0.043"), ("cluttered-30ep", "diff", "-12.7"),
                                 ("clip-80ep", "diff_v2_matched", "+4.5"),
@@ -696,24 +703,23 @@ def test_readme_summary_is_what_the_records_give():
                    and v not in {r["variant"] for r in cell["rows"]}]
         assert not missing or f"{cell['cell']} ({' and '.join(missing)})" in on_page.split("Still to come:")[1], name
     # CLIP's final cell as the README reads it: V1 and V2 against softmax, no difference found for either
-    flat = " ".join(readme.split())
     said = "{:+.2f} points of test retrieval recall [{:+.2f}, {:+.2f}] and {:+.2f} of zero-shot top-1 [{:+.2f}, {:+.2f}]"
     for variant, head, fmt in (("diff", "V1 - softmax is ", said), ("diff_v2_matched", "V2 - softmax ",
                                                                     "{:+.2f} [{:+.2f}, {:+.2f}] and {:+.2f} [{:+.2f}, {:+.2f}]")):
         clip = [next(r for r in result["cells"][n]["rows"] if r["variant"] == variant)["vs"]
                 for n in ("clip", "clip (test/zs_top1)")]
-        assert head + fmt.format(*(c[k] for c in clip for k in ("diff", "ci_low", "ci_high"))) in flat
+        assert head + fmt.format(*(c[k] for c in clip for k in ("diff", "ci_low", "ci_high"))) in words
         assert all(c["ci_low"] < 0 < c["ci_high"] for c in clip), variant  # "no difference found"
     mqar = {r["variant"]: sum(x >= 95.0 for x in r["values"]) for r in result["cells"]["mqar"]["rows"]}
-    assert f"V2 solved all 8 of its runs and softmax {mqar['softmax']} of 8" in flat
+    assert f"V2 solved all 8 of its runs and softmax {mqar['softmax']} of 8" in words
     assert mqar["diff_v2_matched"] == 8
-    assert f"V1 solved {mqar['diff']} of 8 runs" in flat
+    assert f"V1 solved {mqar['diff']} of 8 runs" in words
     assert all(mqar[v] == 8 for v in ("softmax_wide", "diff_nonorm", "diff_const"))  # "solved 8 of 8 each"
     against_v1 = [a for a in result["cells"]["mqar"]["ablations"] if a["parent"] != "softmax"]
     assert len(against_v1) == 3 and all(a["p_holm_study"] < 0.05 for a in against_v1)  # "all three differ from V1"
     vit_cell = result["cells"]["vit"]
     vit_ablations = [r for r in vit_cell["rows"] if r.get("kind") == "ablation vs softmax"] + vit_cell["ablations"]
-    assert "On ViT digits the same three ablations differed from neither softmax nor V1." in flat
+    assert "On ViT digits the same three ablations differed from neither softmax nor V1." in words
     assert len(vit_ablations) == 6 and all(a["p_holm_study"] >= 0.05 for a in vit_ablations)
 
 
