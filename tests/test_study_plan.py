@@ -61,7 +61,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
-                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k"}
+                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k", "cluttered-120ep"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
@@ -413,7 +413,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
     quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "speech-80ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2),
-              "clip": (2, 2), "clip (test/zs_top1)": (2, 2), "cluttered": (2, 2)}
+              "clip": (2, 2), "clip (test/zs_top1)": (2, 2), "cluttered-120ep": (2, 2)}
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -427,10 +427,11 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                 assert ci in page, (name, r["variant"], ci)
                 p = c["p_perm"]
                 assert (f"p {p:.3f}" if p >= 1e-3 else f"p {p:.1e}") in page, (name, r["variant"])
-    # cluttered digits: V1's deficit survives the study's Holm, as the page says, and V2's interval spans zero
-    clut = {r["variant"]: r for r in result["cells"]["cluttered"]["rows"]}
-    holm, n = clut["diff"]["p_holm_study"], result["comparisons"]
-    assert holm < 0.05 and f"Holm {holm:.3f} over the study's {n} comparisons" in page
+    # cluttered digits at 120 epochs: V1's deficit survives the earlier budgets' Holm, as the page says, and V2's
+    # interval spans zero
+    clut = {r["variant"]: r for r in result["cells"]["cluttered-120ep"]["rows"]}
+    holm = clut["diff"]["p_holm_study"]
+    assert holm < 0.05 and f"significant after Holm's correction over the earlier-budget rows ({holm:.3f};" in page
     v2 = clut["diff_v2_matched"]["vs"]
     assert v2["ci_low"] < 0 < v2["ci_high"]  # "no difference found"
     # the ablations of the decoder (MQAR) and the encoder (ViT digits) against the variant each one changes, as
@@ -482,7 +483,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert not rows["softmax"]["flat_longer"] and rows["diff"]["flat_longer"] and rows["diff_v2_matched"]["flat_longer"]
     # cluttered's (final-budget) check over its three seeds: the changes at 240 epochs, every run flat there, the
     # flat counts at 120, and the V1 and V2 gaps at 120 and 240 epochs, as the page says them
-    rows, phrase = budget_check("cluttered-2x", 2)
+    rows, phrase = budget_check("cluttered-120ep-2x", 2)
     assert all(r["seeds"] == [0, 1, 2] and r["flat_longer_n"] == 3 for r in rows.values())
     words = " ".join(page.split())
     assert f"validation top-1 changed by {phrase} points at 240 epochs, every run flat there (at 120: " \
@@ -595,10 +596,9 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # what the prose says survives Holm: exactly these comparisons, each in its own family (study or earlier budgets)
     survives = {(name, r["variant"]) for name, c in result["cells"].items() if c for r in c["rows"]
                 if r.get("p_holm_study", 1.0) < 0.05}
-    assert survives == {("lm-2k", "diff"), ("cluttered-30ep", "diff"), ("cluttered", "diff")}, survives
-    assert page.count("significant after Holm's correction over the earlier-budget rows") == 2
-    # one row of the study's family survives it (cluttered's V1, above), and the prose says so once
-    assert page.count("survives the study's correction") == 1
+    assert survives == {("lm-2k", "diff"), ("cluttered-30ep", "diff"), ("cluttered-120ep", "diff")}, survives
+    assert page.count("significant after Holm's correction over the earlier-budget rows") == 3
+    assert all(name in result["earlier"] for name, _ in survives)  # none of the study's family survives it
     # the family grows as cells finish: every size of it the prose gives ("the study's Holm ... (0.249 over 24
     # comparisons)") is its size now, and every Holm quoted with it is one of the family's adjusted p
     import re
@@ -665,17 +665,18 @@ def test_readme_summary_is_what_the_records_give():
     final = {(name, r["variant"]): r for name, c in result["cells"].items() if c and name not in result["earlier"]
              for r in c["rows"] if "vs" in r}
     words = " ".join(readme.split())
-    assert "One difference between a differential variant and softmax survives the study's Holm correction" in words
-    assert {k for k, r in final.items() if r["p_holm_study"] < 0.05} == {("cluttered", "diff")}  # what it says
-    clut, clut_v2 = final[("cluttered", "diff")], final[("cluttered", "diff_v2_matched")]["vs"]
-    said = "V1 is {:.2f} points of test top-1 behind softmax [{:+.2f}, {:+.2f}] (Holm {:.3f}),".format(
-        -clut["vs"]["diff"], clut["vs"]["ci_low"], clut["vs"]["ci_high"], clut["p_holm_study"])
-    assert said in words, said
+    assert "No difference between a differential variant and softmax survives the study's Holm correction" in words
+    assert not [k for k, r in final.items() if r["p_holm_study"] < 0.05]  # what it says
+    earlier = {r["variant"]: r for r in result["cells"]["cluttered-120ep"]["rows"]}
+    clut, clut_v2 = earlier["diff"], earlier["diff_v2_matched"]["vs"]
+    said = "V1 is {:.2f} points of test top-1 behind softmax [{:+.2f}, {:+.2f}] (Holm over the earlier-budget rows {:.3f}),"
+    said = said.format(-clut["vs"]["diff"], clut["vs"]["ci_low"], clut["vs"]["ci_high"], clut["p_holm_study"])
+    assert "cluttered-120ep" in result["earlier"] and said in words, said
     assert "V2 is level with it ({:+.2f} [{:+.2f}, {:+.2f}])".format(
         clut_v2["diff"], clut_v2["ci_low"], clut_v2["ci_high"]) in words and clut_v2["ci_low"] < 0 < clut_v2["ci_high"]
     flat = sum(1 for p in clut["plateau"] if p and p["flat"])  # the row's final runs, as the table counts them
     assert flat == 4 and "half of V1's final runs had not flattened" in words  # 4 of V1's 8
-    check = _check_rows("cluttered-2x")
+    check = _check_rows("cluttered-120ep-2x")
     assert check["diff"]["seeds"] == check["softmax"]["seeds"] == [0, 1, 2]
     gap = [f"{check['diff'][k] - check['softmax'][k]:+.2f}" for k in ("budget", "longer")]
     assert "V1's validation gap over three seeds shrank from {} to {} points".format(*gap) in words, gap
