@@ -345,8 +345,9 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
     assert argv[argv.index("--variants") + 1:lrs] == list(plan.MAIN) and "--paired" in argv
     assert argv[lrs + 1:lrs + 4] == ["0.004", "0.001", "0.002"]  # each variant's own best lr, in their order
     assert argv[argv.index("--epochs") + 1] == "20"  # 2 x 10 epochs
-    assert argv[argv.index("--final-seeds", argv.index("--final-seeds") + 1) + 1] == "0"  # the last one wins
-    assert argv[argv.index("--extend", argv.index("--extend") + 1) + 1] == "0"  # one lr per variant, never grown
+    assert all(argv.count(o) == 1 for o in ("--seeds", "--final-seeds", "--extend", "--epochs"))  # each said once
+    assert argv[argv.index("--final-seeds") + 1] == "0" and argv[argv.index("--seeds") + 1] == "1"
+    assert argv[argv.index("--extend") + 1] == "0"  # one lr per variant, never grown
     longer = _record("mqar", best, {v: [95.0] for v in best})
     longer["runs"] = {run_name(v, lr, 0): {**r, "seed": 0} for (v, lr), r in
                       zip(best.items(), longer["runs"].values())}
@@ -378,7 +379,7 @@ def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(t
                             for s in range(3)})
     (tmp_path / "mqar.json").write_text(json.dumps(src))
     (argv,) = plan.cell_sweeps(check, tmp_path, 2, False, False)
-    assert argv[argv.index("--seeds", argv.index("--seeds") + 1) + 1] == "3"  # the last --seeds wins
+    assert argv.count("--seeds") == 1 and argv[argv.index("--seeds") + 1] == "3"
     assert plan.planned_runs(check) == 9
     # longer: every seed 2 points up and flat; softmax's seed 2 not run yet
     longer = {"runs": {run_name(v, best[v], s): run(v, s, 82 + 4 * s) for v in best

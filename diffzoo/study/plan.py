@@ -210,23 +210,28 @@ def run_folder(cell: Cell, records: Path) -> Path:
 
 
 def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequence[str] | None = None,
-               lrs: Sequence[float] | None = None, paired: bool = False) -> list[str]:
+               lrs: Sequence[float] | None = None, paired: bool = False, seeds: int = GRID_SEEDS,
+               final_seeds: int | None = None, extend: int | None = None, epochs: int | None = None) -> list[str]:
     """The :func:`diffzoo.study.sweep.main` arguments of ``cell`` for ``variants`` (default: all of the
-    cell's) on the grid ``lrs`` (default: the cell's; ``paired``: one lr per variant, in their order)."""
+    cell's) on the grid ``lrs`` (default: the cell's; ``paired``: one lr per variant, in their order), each
+    option once; ``final_seeds``, ``extend`` and ``epochs`` default to the cell's own."""
     variants = list(variants or cell.variants)
     lrs = list(lrs or cell.lrs)
+    final_seeds = cell.final_seeds if final_seeds is None else final_seeds
+    epochs = cell.epochs if epochs is None else epochs
+    if quick:  # the pipeline only: two variants, the grid's centre (paired: their lrs), one grid seed, two finals
+        variants, lrs = variants[:2], (lrs[:2] if paired else [lrs[len(lrs) // 2]])
+        seeds, final_seeds = 1, min(final_seeds, QUICK_FINAL_SEEDS)
     argv = ["--family", cell.family, "--variants", *variants, "--lrs", *(lr_tag(x) for x in lrs),
-            "--seeds", str(GRID_SEEDS), "--final-seeds", str(cell.final_seeds), "--jobs", str(jobs),
+            "--seeds", str(seeds), "--final-seeds", str(final_seeds), "--jobs", str(jobs),
             "--out", str(run_folder(cell, records)), "--results", str(records / f"{cell.name}.json"),
-            "--extend", str(cell.extend)]
+            "--extend", str(cell.extend if extend is None else extend)]
     if paired:
         argv.append("--paired")
-    if quick:  # the pipeline only: two variants, the grid's centre (paired: their lrs), one grid seed, two finals
-        quick_lrs = lrs[:2] if paired else [lrs[len(lrs) // 2]]
-        argv = [*argv, "--quick", "--variants", *variants[:2], "--lrs", *(lr_tag(x) for x in quick_lrs),
-                "--seeds", "1", "--final-seeds", str(QUICK_FINAL_SEEDS)]
-    if cell.epochs is not None:
-        argv = [*argv, "--epochs", str(cell.epochs)]
+    if quick:
+        argv.append("--quick")
+    if epochs is not None:
+        argv += ["--epochs", str(epochs)]
     return [*argv, *cell.size_args, *cell.extra]
 
 
@@ -246,11 +251,10 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
         raise SystemExit(f"cell {cell.name} centres its grid on the best lrs of cell {source.name}, which has none "
                          f"for {', '.join(missing)} yet: run that cell first")
     if cell.epochs_factor is not None:  # the budget check: grid seeds at the best lr, longer; no final runs
-        epochs = str(cell_epochs(cell))
+        epochs = cell_epochs(cell)
         # one sweep, each variant at its own best lr, so its runs fill every job slot
-        return [[*sweep_argv(cell, records, jobs, quick, variants, [best[v] for v in variants], paired=True),
-                 "--seeds", str(1 if quick else cell.check_seeds), "--final-seeds", "0", "--extend", "0",
-                 "--epochs", epochs]]
+        return [sweep_argv(cell, records, jobs, quick, variants, [best[v] for v in variants], paired=True,
+                           seeds=cell.check_seeds, final_seeds=0, extend=0, epochs=epochs)]
     return [sweep_argv(cell, records, jobs, quick, [v], lr_grid(best[v], cell.grid_points)) for v in variants]
 
 
