@@ -486,12 +486,11 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # flat counts at 120, and the V1 and V2 gaps at 120 and 240 epochs, as the page says them
     rows, phrase = budget_check("cluttered-120ep-2x", 2)
     assert all(r["seeds"] == [0, 1, 2] and r["flat_longer_n"] == 3 for r in rows.values())
-    words = " ".join(page.split())
     assert f"validation top-1 changed by {phrase} points at 240 epochs, every run flat there (at 120: " \
-           f"{rows['softmax']['flat_n']}, {rows['diff']['flat_n']} and {rows['diff_v2_matched']['flat_n']} of 3)" in words
+           f"{rows['softmax']['flat_n']}, {rows['diff']['flat_n']} and {rows['diff_v2_matched']['flat_n']} of 3)" in page
     gap = {v: [f"{rows[v][k] - rows['softmax'][k]:+.2f}" for k in ("budget", "longer")] for v in plan.MAIN[1:]}
     assert "shrinks V1's mean gap from {} to {} points and leaves V2's at {} and {}".format(
-        *gap["diff"], *gap["diff_v2_matched"]) in words, gap
+        *gap["diff"], *gap["diff_v2_matched"]) in page, gap
     # the ViT's check: under a point for each variant, every curve flat at both budgets
     rows, phrase = budget_check("vit-2x", 2)
     assert f"gained {phrase} points" in page, phrase
