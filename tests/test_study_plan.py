@@ -574,6 +574,23 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     moved = [plan.metric_value(record["runs"][run_name("diff", lr, s)], "val/loss")
              - plan.metric_value(source["runs"][run_name("diff", lr, s)], "val/loss") for s in range(3)]
     assert "V1's seeds moved by {:+.3f}, {:+.3f} and {:+.3f}".format(*moved) in page
+    # the smallest LM at 16,000 steps: no final run flat, the mean tail gains at 16,000 and 8,000 steps, and what
+    # doubling the steps did to each variant's mean test loss
+    lm_xs_16k = size_cell("lm-xs-16k", 3, " nats")
+    assert not any(r["plateau"]["flat"] for r in lm_xs_16k) and "None of the 15 final runs met the plateau rule" in page
+
+    def per_variant(runs: list[dict], value) -> dict[str, float]:
+        return {v: sum(x := [value(r) for r in runs if r["variant"] == v]) / len(x) for v in plan.MAIN}
+
+    tail = {n: per_variant(runs, lambda r: r["plateau"]["gain"]) for n, runs in (("8k", lm_xs_8k), ("16k", lm_xs_16k))}
+    assert "fell by {:.3f} (softmax), {:.3f} (V1) and {:.3f} (V2) nats on average".format(
+        *(tail["16k"][v] for v in plan.MAIN)) in page
+    assert "no less than at 8,000 steps ({:.3f}, {:.3f}, {:.3f})".format(*(tail["8k"][v] for v in plan.MAIN)) in page
+    assert all(tail["16k"][v] >= tail["8k"][v] for v in plan.MAIN)  # "no less than"
+    test = {n: per_variant(runs, lambda r: plan.metric_value(r, "test/loss"))
+            for n, runs in (("8k", lm_xs_8k), ("16k", lm_xs_16k))}
+    assert "Doubling the steps moved test loss by {:+.3f} (softmax), {:+.3f} (V1) and {:+.3f} (V2) nats".format(
+        *(test["16k"][v] - test["8k"][v] for v in plan.MAIN)) in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
