@@ -538,3 +538,11 @@ def test_progress_line_says_how_far_and_how_long_the_rest_takes():
     assert progress_line(40, 45, 6000.0) == "progress: 40 of 45 runs, 1.7 h so far, about 12 min left at this pace"
     assert progress_line(45, 45, 6000.0) == "progress: 45 of 45 runs, 1.7 h so far"  # done: nothing left to guess
     assert progress_line(1, 4, 20.0) == "progress: 1 of 4 runs, 20 s so far, about 60 s left at this pace"
+
+
+def test_the_gradient_norm_curve_is_recorded_to_four_significant_digits():
+    """The records keep the plotted-only gradient-norm curve short: steps as logged, values to 4 significant digits."""
+    from diffzoo.study.sweep import drawn_only
+
+    curve = [[9, 3.6937177181243896], [19, 10.921234], [29, 0.000123456]]
+    assert drawn_only(curve) == [[9, 3.694], [19, 10.92], [29, 0.0001235]]
