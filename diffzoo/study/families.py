@@ -13,6 +13,7 @@ from .recipe import Budget
 
 # Arguments every run gets from the recipes without a built-in gradient-norm monitor.
 MONITOR = ("--trainer.callbacks+=diffzoo.tasks.monitor.GradNormMonitor",)
+GRAD_NORM = "train/grad_norm"  # the key that monitor logs: the records keep its curve, the report plots it
 
 
 @dataclass(frozen=True)

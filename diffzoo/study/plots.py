@@ -7,7 +7,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from .families import Family
+from .families import GRAD_NORM, Family
 
 
 def mean_curve(runs: list[dict], key: str, scale: float = 1.0) -> tuple[list[int], list[float]]:
@@ -31,7 +31,7 @@ def plot_curves(family: Family, runs: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), dpi=90)
     for variant in dict.fromkeys(r["variant"] for r in runs):
         rs = [r for r in runs if r["variant"] == variant and not r.get("failed")]
-        for ax, key, scale in ((axes[0], family.val_metric, family.scale), (axes[1], "train/grad_norm", 1.0)):
+        for ax, key, scale in ((axes[0], family.val_metric, family.scale), (axes[1], GRAD_NORM, 1.0)):
             steps, ys = mean_curve(rs, key, scale)
             if steps:
                 ax.plot(steps, ys, marker="." if len(steps) < 30 else None, label=f"{variant} (n={len(rs)})")

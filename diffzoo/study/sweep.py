@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .families import FAMILIES, Family, lr_tag, metric_value, run_name
+from .families import FAMILIES, GRAD_NORM, Family, lr_tag, metric_value, run_name
 from .plots import plot_curves, plot_knob
 from .recipe import lr_grid, recipe_args
 from .runs import (
@@ -185,9 +185,6 @@ def write_records(path: Path, results: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(dump_records(results))
     tmp.replace(path)
-
-
-GRAD_NORM = "train/grad_norm"
 
 
 def drawn_only(curve: list) -> list:
