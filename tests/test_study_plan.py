@@ -591,6 +591,25 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             for n, runs in (("8k", lm_xs_8k), ("16k", lm_xs_16k))}
     assert "Doubling the steps moved test loss by {:+.3f} (softmax), {:+.3f} (V1) and {:+.3f} (V2) nats".format(
         *(test["16k"][v] - test["8k"][v] for v in plan.MAIN)) in page
+    # ... and its three-seed check at 32,000 steps: means (each seed paired with its own run at 16,000), no mean gain
+    # of the tolerance, V1's per-seed moves, and one flat run of three per variant
+    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "lm-xs-16k"}
+    assert all(check[v]["seeds"] == [0, 1, 2] and check[v]["flat_longer_n"] == 1 for v in plan.MAIN)
+    said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
+        *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
+    assert said in page, said
+    gains = {v: check[v]["budget"] - check[v]["longer"] for v in plan.MAIN}
+    assert all(g < 0.01 * check[v]["budget"] for v, g in gains.items())  # "No variant's mean improved by the tolerance"
+    assert gains["softmax"] > 0 >= max(gains["diff"], gains["diff_v2_matched"])  # "only softmax's improved at all"
+    assert "by -0.006 (softmax), +0.020 (V1) and +0.003 (V2) nats" in (root / "docs" / "study.md").read_text()
+    assert [round(-gains[v], 3) for v in plan.MAIN] == [-0.006, 0.020, 0.003]
+    record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-16k-2x"))
+    source = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-16k"))
+    runs = [run_name("diff", source["best"]["diff"]["lr"], s) for s in range(3)]
+    moved = [plan.metric_value(record["runs"][n], "val/loss") - plan.metric_value(source["runs"][n], "val/loss")
+             for n in runs]
+    assert "V1's seeds moved by {:+.3f}, {:+.3f} and {:+.3f}".format(*moved) in page
+    assert record["runs"][runs[2]]["plateau"]["flat"] and "settled {:.3f} nats worse".format(moved[2]) in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
