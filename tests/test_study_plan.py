@@ -609,7 +609,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     moved = [plan.metric_value(record["runs"][n], "val/loss") - plan.metric_value(source["runs"][n], "val/loss")
              for n in runs]
     assert "V1's seeds moved by {:+.3f}, {:+.3f} and {:+.3f}".format(*moved) in page
-    assert record["runs"][runs[2]]["plateau"]["flat"] and "settled {:.3f} nats worse".format(moved[2]) in page
+    assert record["runs"][runs[2]]["plateau"]["flat"] and f"settled {moved[2]:.3f} nats worse" in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
