@@ -415,6 +415,58 @@ def test_sweep_paired_trains_each_variant_at_its_own_lr_in_one_call(tmp_path, mo
     assert "give one lr per variant" in capsys.readouterr().err
 
 
+def _hold_lock_in_another_process(records):
+    """A second Python process that holds ``records``' lock until its stdin closes (started, and holding, on return)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from diffzoo.study.runs import records_lock\n"
+            "with records_lock(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(records)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_one_process_at_a_time_trains_into_a_records_file(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("fcntl", reason="records are locked with flock (POSIX only)")
+    from diffzoo.study import plan, sweep
+    from diffzoo.study.runs import RecordsBusy, records_lock
+
+    records = tmp_path / "mqar.json"  # the study's name for the mqar cell's records in the folder tmp_path
+    records.write_text('{"runs": {}}')
+    calls = []
+    fake = _fake_run({("softmax", 1e-3): 0.5})
+    monkeypatch.setattr(sweep, "train_run", lambda *a, **k: calls.append(a) or fake(*a, **k))
+    argv = ["--family", "mqar", "--variants", "softmax", "--lrs", "1e-3", "--seeds", "1", "--final-seeds", "0",
+            "--extend", "0", "--out", str(tmp_path / "sw"), "--results", str(records)]
+    holder = _hold_lock_in_another_process(records)
+    try:
+        with pytest.raises(RecordsBusy, match=f"pid {holder.pid}"):
+            with records_lock(records):
+                pass
+        with pytest.raises(SystemExit):
+            sweep.main(argv)
+        err = capsys.readouterr().err
+        assert f"another process (pid {holder.pid})" in err and "overwrite the other's runs" in err
+        assert calls == [] and records.read_text() == '{"runs": {}}'  # nothing trained, nothing written
+        # the study's run command names the cell and stops before its adoption or sweep touch the records
+        with pytest.raises(SystemExit, match="cell mqar: .* another process"):
+            plan.main(["run", "--quick", "--cells", "mqar", "--records", str(tmp_path)])
+        assert calls == [] and not (tmp_path / "runs").exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert holder.returncode == 0
+    res = sweep.main(argv)  # released when its holder ended: the sweep runs
+    assert len(calls) == 1 and list(res["runs"]) == ["softmax_lr0.001_seed0"]
+    with records_lock(records), records_lock(records):  # nested in one process: no deadlock
+        sweep.main(argv)  # and the sweep inside a held lock (the study's run command) is not refused
+    holder = _hold_lock_in_another_process(records)  # the lock was released after the nested holds
+    holder.stdin.close()
+    holder.wait(timeout=60)
+
+
 def test_sweep_refuses_to_mix_set_ups_and_takes_lrs_from_another_sweep(tmp_path, monkeypatch, capsys):
     from diffzoo.study import sweep
 

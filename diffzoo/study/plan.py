@@ -39,6 +39,7 @@ from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
+from .runs import RecordsBusy, records_lock
 from .sweep import FINAL_SEED, write_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
@@ -1007,10 +1008,15 @@ def main(argv: list[str] | None = None) -> None:
         for cell in cells:
             start = time.time()
             print(f"== cell {cell.name}", flush=True)
-            if not args.quick and (adopted := adopt_runs(args.records, cell)):
-                print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records", flush=True)
-            for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
-                sweep(argv)
+            try:  # held from the adoption to the cell's last run: no other process writes these records meanwhile
+                with records_lock(args.records / f"{cell.name}.json"):
+                    if not args.quick and (adopted := adopt_runs(args.records, cell)):
+                        print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records",
+                              flush=True)
+                    for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
+                        sweep(argv)
+            except RecordsBusy as e:
+                raise SystemExit(f"cell {cell.name}: {e}") from None
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
     elif args.command == "status":
         print("\n".join(status_lines(args.records, cells)))

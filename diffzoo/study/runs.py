@@ -3,6 +3,7 @@ finished run read back from its log folder (summary, curves, divergence record, 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -124,6 +125,58 @@ def read_divergence(run_dir: Path) -> dict | None:
     except FileNotFoundError:
         return None
     return json.loads(div.read_text()) if div.is_file() else None
+
+
+LOCK_SUFFIX = ".lock"  # beside a records file: held while a process may write those records
+_HELD: dict[Path, int] = {}  # records this process holds the lock of -> how many nested holds
+
+
+class RecordsBusy(RuntimeError):
+    """Another process holds the lock of a records file (:func:`records_lock`)."""
+
+
+@contextlib.contextmanager
+def records_lock(records: Path) -> Iterator[None]:
+    """Hold ``records``' lock (``<records>.lock``, an exclusive ``flock``) for the block: the process that trains
+    into a records file is the only one that writes it. Each saves its whole copy of the records after every run,
+    so two processes on one file would each drop the other's runs; the second one fails here at once, naming the
+    first's pid, instead. Nested holds in one process are allowed; the kernel drops the lock when the process
+    ends, however it ends. Without ``fcntl`` (Windows) nothing is locked."""
+    records = Path(records).resolve()
+    if records in _HELD:
+        _HELD[records] += 1
+        try:
+            yield
+        finally:
+            _HELD[records] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:  # no flock: the caller's care alone keeps one process per records file
+        yield
+        return
+    records.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(records.with_name(records.name + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise RecordsBusy(f"{records} is being trained into by another process (pid {holder}): two processes "
+                              "on one records file would each overwrite the other's runs. Let it finish, stop it "
+                              "(kill -USR1 <pid> ends it after its runs in flight), or give this command other "
+                              "cells or another records file") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _HELD[records] = 1
+        try:
+            yield
+        finally:
+            del _HELD[records]
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 _LIVE: set[subprocess.Popen] = set()  # training processes now running (stopped with the study: stop_trainings)

@@ -47,6 +47,7 @@ from .families import FAMILIES, GRAD_NORM, Family, lr_tag, metric_value, run_nam
 from .plots import plot_curves, plot_knob
 from .recipe import lr_grid, recipe_args
 from .runs import (
+    RecordsBusy,
     code_stamp,
     last_logged,
     latest_log_dir,
@@ -55,6 +56,7 @@ from .runs import (
     read_run,
     read_test_clips,
     recipe_command,
+    records_lock,
     run_jobs,
     stopping,
     train,
@@ -287,6 +289,16 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     results_path = args.results or out / "results.json"
     results_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with records_lock(results_path):
+            return _sweep(p, args, extra, family, variants, reference, out, results_path)
+    except RecordsBusy as e:
+        p.error(str(e))
+
+
+def _sweep(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str], family: Family,
+           variants: list[str], reference: str, out: Path, results_path: Path) -> dict:
+    """The sweep of :func:`main` on its parsed arguments, with the records' lock held."""
     results = _load(results_path)
     cache: dict[str, dict] = {} if args.fresh else dict(results.get("runs", {}))
     fixed = fixed_args(family)
