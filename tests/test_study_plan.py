@@ -551,29 +551,39 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     flat = {v: sum(r["plateau"]["flat"] for r in lm_xs if r["variant"] == v) for v in plan.MAIN}
     assert "4 of softmax's 5 final runs met the plateau rule, 2 of V2's and none of V1's" in page
     assert flat == {"softmax": 4, "diff": 0, "diff_v2_matched": 2}, flat
-    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "lm-xs"}
-    said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
-        *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
-    assert said in page and all(check[v]["flat_longer"] for v in plan.MAIN), said
+
+    def quoted_check(cell: str) -> dict[str, dict]:
+        """``cell``'s budget check per variant; the page quotes its means ("from a to b for softmax, ...")."""
+        check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == cell}
+        said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
+            *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
+        assert said in page, said
+        return check
+
+    def quoted_v1_moves(cell: str) -> tuple[list[float], dict, list[str]]:
+        """V1's validation-loss move, seed by seed (0-2), from its run in ``cell`` to the same seed's in ``cell``'s
+        check (the page quotes them), with the check's records and the runs' names."""
+        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == f"{cell}-2x"))
+        source = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == cell))
+        runs = [run_name("diff", source["best"]["diff"]["lr"], s) for s in range(3)]
+        moved = [plan.metric_value(record["runs"][n], "val/loss") - plan.metric_value(source["runs"][n], "val/loss")
+                 for n in runs]
+        assert "V1's seeds moved by {:+.3f}, {:+.3f} and {:+.3f}".format(*moved) in page
+        return moved, record, runs
+
+    check = quoted_check("lm-xs")
+    assert all(check[v]["flat_longer"] for v in plan.MAIN)
     # the smallest LM at 8,000 steps: flat counts, and its three-seed check (means, each seed paired with its own
     # grid run; V1's per-seed changes)
     lm_xs_8k = size_cell("lm-xs-8k", 3, " nats")
     flat = {v: sum(r["plateau"]["flat"] for r in lm_xs_8k if r["variant"] == v) for v in plan.MAIN}
     assert flat == {"softmax": 3, "diff": 0, "diff_v2_matched": 0} and "Only 3 of softmax's 5 final runs" in page
-    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "lm-xs-8k"}
+    check = quoted_check("lm-xs-8k")
     assert all(check[v]["seeds"] == [0, 1, 2] for v in plan.MAIN)
-    said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
-        *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
-    assert said in page, said
     gains = {v: check[v]["budget"] - check[v]["longer"] for v in plan.MAIN}
     tolerance = 0.01 * check["diff"]["budget"]  # "V1 gains twice the rule's tolerance and the other two do not"
     assert gains["diff"] > 2 * tolerance - 0.001 and gains["softmax"] < tolerance and gains["diff_v2_matched"] < tolerance
-    record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-8k-2x"))
-    source = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-8k"))
-    lr = source["best"]["diff"]["lr"]
-    moved = [plan.metric_value(record["runs"][run_name("diff", lr, s)], "val/loss")
-             - plan.metric_value(source["runs"][run_name("diff", lr, s)], "val/loss") for s in range(3)]
-    assert "V1's seeds moved by {:+.3f}, {:+.3f} and {:+.3f}".format(*moved) in page
+    quoted_v1_moves("lm-xs-8k")
     # the smallest LM at 16,000 steps: no final run flat, the mean tail gains at 16,000 and 8,000 steps, and what
     # doubling the steps did to each variant's mean test loss
     lm_xs_16k = size_cell("lm-xs-16k", 3, " nats")
@@ -593,22 +603,14 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         *(test["16k"][v] - test["8k"][v] for v in plan.MAIN)) in page
     # ... and its three-seed check at 32,000 steps: means (each seed paired with its own run at 16,000), no mean gain
     # of the tolerance, V1's per-seed moves, and one flat run of three per variant
-    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "lm-xs-16k"}
+    check = quoted_check("lm-xs-16k")
     assert all(check[v]["seeds"] == [0, 1, 2] and check[v]["flat_longer_n"] == 1 for v in plan.MAIN)
-    said = "from {:.3f} to {:.3f} for softmax, {:.3f} to {:.3f} for V1 and {:.3f} to {:.3f} for V2".format(
-        *(check[v][k] for v in plan.MAIN for k in ("budget", "longer")))
-    assert said in page, said
     gains = {v: check[v]["budget"] - check[v]["longer"] for v in plan.MAIN}
     assert all(g < 0.01 * check[v]["budget"] for v, g in gains.items())  # "No variant's mean improved by the tolerance"
     assert gains["softmax"] > 0 >= max(gains["diff"], gains["diff_v2_matched"])  # "only softmax's improved at all"
     assert "by {:+.3f} (softmax), {:+.3f} (V1) and {:+.3f} (V2) nats".format(*(-gains[v] for v in plan.MAIN)) in (
         root / "docs" / "study.md").read_text()
-    record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-16k-2x"))
-    source = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "lm-xs-16k"))
-    runs = [run_name("diff", source["best"]["diff"]["lr"], s) for s in range(3)]
-    moved = [plan.metric_value(record["runs"][n], "val/loss") - plan.metric_value(source["runs"][n], "val/loss")
-             for n in runs]
-    assert "V1's seeds moved by {:+.3f}, {:+.3f} and {:+.3f}".format(*moved) in page
+    moved, record, runs = quoted_v1_moves("lm-xs-16k")
     assert record["runs"][runs[2]]["plateau"]["flat"] and f"settled {moved[2]:.3f} nats worse" in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
