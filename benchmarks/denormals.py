@@ -33,9 +33,8 @@ import torch
 TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
 
 
-def subnormal_fraction(scores: torch.Tensor) -> float:
-    """The share of ``softmax(scores)`` (last dim) that is subnormal: nonzero and below :data:`TINY`."""
-    p = torch.softmax(scores.float(), dim=-1)
+def subnormal_fraction(p: torch.Tensor) -> float:
+    """The share of the probabilities ``p`` that is subnormal: nonzero and below :data:`TINY`."""
     return ((p > 0) & (p < TINY)).float().mean().item()
 
 
@@ -75,7 +74,7 @@ HEADER = ("| {what} | subnormal probabilities (%) | ms, flush off | ms, flush on
 def layer_rows(spreads: list[float], backends: list[str], n: int, heads: int, dim: int, batch: int, repeats: int,
                iters: int, seed: int) -> list[str]:
     """The table's rows for one differential-attention core per (spread, backend)."""
-    from diffzoo.kernels import diff_attention
+    from diffzoo.kernels import attention_maps, diff_attention
 
     rows = []
     for spread in spreads:
@@ -83,7 +82,7 @@ def layer_rows(spreads: list[float], backends: list[str], n: int, heads: int, di
         q = torch.randn(batch, 2 * heads, n, dim, generator=g) * spread
         k = torch.randn(batch, 2 * heads, n, dim, generator=g) * spread
         v = torch.randn(batch, heads, n, 2 * dim, generator=g)
-        fraction = subnormal_fraction(q @ k.transpose(-1, -2) * dim ** -0.5)
+        fraction = subnormal_fraction(attention_maps(q, k))  # both maps of every head (q1 k1 and q2 k2)
         for backend in backends:
             leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
             lam = torch.tensor(0.8, requires_grad=True)
@@ -100,19 +99,20 @@ def layer_rows(spreads: list[float], backends: list[str], n: int, heads: int, di
 def run_rows(run: Path, repeats: int, iters: int) -> list[str]:
     """The table's row for a trained cluttered-digits ViT: one training batch, forward and backward."""
     import yaml
-    from safetensors.torch import load_file
 
+    from diffzoo.analysis.maps import record_attention
     from diffzoo.data.cluttered import ClutteredDigitsDataModule
+    from diffzoo.study.runs import latest_log_dir
     from diffzoo.tasks.cluttered import VariantImageTask
+    from diffzoo.weights.io import read_weights
 
-    if (run / "config.yaml").is_file():
-        versions = [run]
-    else:
-        versions = sorted(run.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-    if not versions or not (versions[-1] / "model.safetensors").is_file():
+    try:
+        folder = run if (run / "config.yaml").is_file() else latest_log_dir(run)
+    except FileNotFoundError:
+        folder = run
+    if not (folder / "config.yaml").is_file() or not (folder / "model.safetensors").is_file():
         raise SystemExit(f"--run {run}: no config.yaml and model.safetensors there or in a version_N folder of it "
                          "(a finished run of python -m recipes.cluttered_digits)")
-    folder = versions[-1]
     config = yaml.safe_load((folder / "config.yaml").read_text())
     m, d = config["model"], config["data"]
     data = ClutteredDigitsDataModule(**{k: d[k] for k in ("k", "canvas", "fragment", "num_val", "num_test",
@@ -122,32 +122,11 @@ def run_rows(run: Path, repeats: int, iters: int) -> list[str]:
     x, y = next(iter(data.train_dataloader()))
     task = VariantImageTask(attn=m["attn"], size=m["size"], patch_size=m["patch_size"], num_classes=data.num_classes,
                             in_chans=data.in_chans, img_size=data.img_size)
-    task.model.load_state_dict(load_file(folder / "model.safetensors"))
-    scores: list[torch.Tensor] = []  # every attention core's logits, read through the layers' hooks
-
-    def keep(module, inner, x_, q, k, v, masks, return_attn, backend):  # noqa: ANN001
-        if q.shape[1] == k.shape[1]:  # one key head per query head (no grouped keys here)
-            scores.append(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5)
-        return inner(x_, q, k, v, masks, return_attn, backend)
-
-    from diffzoo.layers.attention import AttentionBase
-
-    def keep_timm(module, args) -> None:  # noqa: ANN001  timm's own attention (the softmax baseline): its q and k
-        x_ = args[0]
-        b, n, _ = x_.shape
-        qkv = module.qkv(x_).reshape(b, n, 3, module.num_heads, module.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = module.q_norm(qkv[0]), module.k_norm(qkv[1])
-        scores.append(q @ k.transpose(-1, -2) * module.scale)
-
-    from timm.layers import Attention as TimmAttention
-
-    handles = [mod.register_attend_hook(keep) if isinstance(mod, AttentionBase) else mod.register_forward_pre_hook(keep_timm)
-               for mod in task.model.modules() if isinstance(mod, AttentionBase | TimmAttention)]
-    with torch.no_grad():
+    task.model.load_state_dict(read_weights(folder / "model.safetensors", what="--run weights"))
+    with torch.no_grad(), record_attention(task.model) as rec:  # every layer's softmax maps, diffzoo's or timm's
         task(x)
-    for h in handles:
-        h.remove()
-    fraction = statistics.mean(subnormal_fraction(s) for s in scores) if scores else float("nan")
+    fraction = statistics.mean(subnormal_fraction(p) for layer in rec for key, p in layer.maps.items()
+                               if key != "lambda")
 
     def step() -> None:
         task.zero_grad(set_to_none=True)

@@ -9,8 +9,8 @@ from benchmarks import denormals as bench
 def test_subnormal_fraction_counts_probabilities_below_the_smallest_normal_float():
     # exp(-95) = 5.5e-42 is subnormal in float32; exp(-50) is normal; exp(-200) underflows to exactly zero
     scores = torch.tensor([[0.0, -95.0], [0.0, -50.0], [0.0, -200.0], [0.0, -100.0]])
-    assert bench.subnormal_fraction(scores) == pytest.approx(2 / 8)
-    assert bench.subnormal_fraction(torch.zeros(3, 5)) == 0.0
+    assert bench.subnormal_fraction(torch.softmax(scores, dim=-1)) == pytest.approx(2 / 8)
+    assert bench.subnormal_fraction(torch.softmax(torch.zeros(3, 5), dim=-1)) == 0.0
 
 
 def test_layer_table_finds_subnormals_only_where_the_logits_spread(capsys):

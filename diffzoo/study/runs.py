@@ -128,7 +128,7 @@ def read_divergence(run_dir: Path) -> dict | None:
 
 
 LOCK_SUFFIX = ".lock"  # beside a records file: held while a process may write those records
-_HELD: dict[Path, int] = {}  # records this process holds the lock of -> how many nested holds
+_HELD: set[Path] = set()  # records this process holds the lock of (a nested hold takes nothing more)
 
 
 class RecordsBusy(RuntimeError):
@@ -143,12 +143,8 @@ def records_lock(records: Path) -> Iterator[None]:
     first's pid, instead. Nested holds in one process are allowed; the kernel drops the lock when the process
     ends, however it ends. Without ``fcntl`` (Windows) nothing is locked."""
     records = Path(records).resolve()
-    if records in _HELD:
-        _HELD[records] += 1
-        try:
-            yield
-        finally:
-            _HELD[records] -= 1
+    if records in _HELD:  # the outer hold releases it
+        yield
         return
     try:
         import fcntl
@@ -168,11 +164,11 @@ def records_lock(records: Path) -> Iterator[None]:
                               "cells or another records file") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        _HELD[records] = 1
+        _HELD.add(records)
         try:
             yield
         finally:
-            del _HELD[records]
+            _HELD.discard(records)
             os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
