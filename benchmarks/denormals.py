@@ -106,10 +106,7 @@ def run_rows(run: Path, repeats: int, iters: int) -> list[str]:
     from diffzoo.tasks.cluttered import VariantImageTask
     from diffzoo.weights.io import read_weights
 
-    try:
-        folder = run if (run / "config.yaml").is_file() else latest_log_dir(run)
-    except FileNotFoundError:
-        folder = run
+    folder = run if (run / "config.yaml").is_file() or not any(run.glob("version_*")) else latest_log_dir(run)
     if not (folder / "config.yaml").is_file() or not (folder / "model.safetensors").is_file():
         raise SystemExit(f"--run {run}: no config.yaml and model.safetensors there or in a version_N folder of it "
                          "(a finished run of python -m recipes.cluttered_digits)")
@@ -125,8 +122,8 @@ def run_rows(run: Path, repeats: int, iters: int) -> list[str]:
     task.model.load_state_dict(read_weights(folder / "model.safetensors", what="--run weights"))
     with torch.no_grad(), record_attention(task.model) as rec:  # every layer's softmax maps, diffzoo's or timm's
         task(x)
-    fraction = statistics.mean(subnormal_fraction(p) for layer in rec for key, p in layer.maps.items()
-                               if key != "lambda")
+    fraction = statistics.mean(subnormal_fraction(p) for layer in rec
+                               for p in ((layer.attn1, layer.attn2) if layer.differential else (layer.attn,)))
 
     def step() -> None:
         task.zero_grad(set_to_none=True)
