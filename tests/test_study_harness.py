@@ -356,7 +356,7 @@ def test_a_crashed_run_is_trained_again_and_a_stopped_one_is_never_recorded(tmp_
     crashes = {"softmax_lr0.001_seed1"}
     trained = []
 
-    def fake_train(command, log):
+    def fake_train(command, log, append=False):
         name = command[command.index("--trainer.logger.init_args.name") + 1]
         trained.append(name)
         if name in crashes:

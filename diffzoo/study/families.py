@@ -38,6 +38,11 @@ class Family:
     budget: Budget | None = None  # the study's budget; None: the recipe config's own optimisation settings
     no_test_args: tuple[str, ...] = ("--test_after_fit", "false")  # grid runs: the test set is never scored
     also_report: tuple[str, ...] = ()  # further test metrics of the final runs that the study's table reports
+    # a run cut short by a stop of the study goes on from its interrupted checkpoint (runs.resume_point) instead of
+    # starting over: only where a stopped and resumed run was checked to train the same weights and validation
+    # curve as an uninterrupted one (tests/test_study_resume.py). Not cluttered or mqar: after a resume inside an
+    # epoch their first batch is drawn differently, so their stopped runs start over.
+    resumes_exactly: bool = False
 
     @property
     def config(self) -> Path:
@@ -78,17 +83,19 @@ FAMILIES: dict[str, Family] = {
         "top-1 %, embedded digits (1,000 held out for test)", "vit_digits.yaml", _data_seed,
         _LIMITS + ("--trainer.limit_test_batches", "2"), chance=0.1, default_variants=_MAIN,
         base_args=("--model.model", "softvit_nano_patch7_28", "--data.init_args.num_test", "1000"),
-        budget=Budget(epochs=80)),
+        budget=Budget(epochs=80), resumes_exactly=True),
     "clip": Family(
         "recipes.clip", attn_variants(_variant_names()), "val/mean_recall", "test/mean_recall",
         "image-text retrieval mean recall %, coloured digits; test: held-out colour pairs", "clip_digits.yaml",
         _data_seed, _LIMITS + ("--trainer.limit_test_batches", "2"), default_variants=_MAIN,
-        base_args=("--model.model", "SoftCLIP-nano"), budget=Budget(epochs=80), also_report=("test/zs_top1",)),
+        base_args=("--model.model", "SoftCLIP-nano"), budget=Budget(epochs=80), also_report=("test/zs_top1",),
+        resumes_exactly=True),
     "speech": Family(
         "recipes.speech_commands", attn_variants(_variant_names()), "val/top1", "test/top1",
         "top-1 %, synthesised keywords", "speech_synth.yaml", _data_seed,
         _LIMITS + ("--trainer.limit_test_batches", "2"), knobs=("data.init_args.snr_fixed_db",), chance=1 / 12,
-        default_variants=_MAIN, base_args=("--model.model", "softkwt_nano"), budget=Budget(epochs=80)),
+        default_variants=_MAIN, base_args=("--model.model", "softkwt_nano"), budget=Budget(epochs=80),
+        resumes_exactly=True),
     "lm": Family(
         "recipes.lm", attn_variants(_variant_names()), "val/loss", "test/loss",
         "loss (nats/byte), pydoc text, lm_tiny, 128-byte windows, no needle contexts", "lm_pydoc.yaml",
@@ -96,7 +103,7 @@ FAMILIES: dict[str, Family] = {
         default_variants=_MAIN,
         base_args=("--model.model", "lm_tiny", "--data.seq_len", "128", "--data.needle_fraction", "0",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=Budget(epochs=40, steps_per_epoch=100)),
+        budget=Budget(epochs=40, steps_per_epoch=100), resumes_exactly=True),
     # needle retrieval as a task of its own: lm_tiny trained on 129-byte windows of training text each holding 4
     # compact needles " A=123. " (one-letter keys) and ending with 4 questions ("\nA=123"), each asking a needle
     # drawn from all 4 (repeats allowed, so no answer follows by elimination), on the answer digits only; selected
@@ -116,7 +123,7 @@ FAMILIES: dict[str, Family] = {
                    "--data.needle_key_letters", "1", "--data.answer_loss", "true",
                    "--data.needle_eval", str(NEEDLE_EVAL), "--data.batch_size", "64", "--data.train_windows", "6400",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=Budget(epochs=40, steps_per_epoch=100)),
+        budget=Budget(epochs=40, steps_per_epoch=100), resumes_exactly=True),
     "mqar": Family(
         "recipes.mqar", attn_variants(_variant_names()), "val/acc", "test/acc", "query accuracy %, MQAR",
         "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(), default_variants=_MAIN,

@@ -60,6 +60,29 @@ def changed_since(commit: str, root: Path) -> tuple[str, ...]:
     return tuple(n for n in names if not n.startswith(HARNESS))
 
 
+def changed_between(first: str, second: str, root: Path) -> tuple[str, ...]:
+    """Files under ``diffzoo/`` and ``recipes/`` that differ between two commits, less the study harness."""
+    names = git(root, "diff", "--name-only", first, second, "--", *CODE_PATHS).split()
+    return tuple(n for n in names if not n.startswith(HARNESS))
+
+
+def same_training_code(then: dict, now: dict, root: Path) -> bool:
+    """Whether two code stamps (:func:`diffzoo.study.runs.code_stamp`) name the same training code: both at a
+    commit, the same torch and Lightning, no uncommitted change to a training file at either time, and no
+    training file changed between the two commits (the study harness aside: records commits in between are
+    fine). False whenever git cannot tell."""
+    if not then.get("commit") or not now.get("commit"):
+        return False
+    if any(then.get(k) != now.get(k) for k in ("torch", "lightning")):
+        return False
+    if any(not c.startswith(HARNESS) for c in [*then.get("changed", []), *now.get("changed", [])]):
+        return False
+    try:
+        return then["commit"] == now["commit"] or not changed_between(then["commit"], now["commit"], root)
+    except RuntimeError:
+        return False
+
+
 def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
     """The runs of one cell's records grouped by the code that trained them: per commit, ``{"commit", "how"
     ("stamped" or "recorded"), "runs", "changed_then" (stamped runs: training files that differed from the commit

@@ -127,6 +127,73 @@ def read_divergence(run_dir: Path) -> dict | None:
     return json.loads(div.read_text()) if div.is_file() else None
 
 
+INTERRUPTED_CKPT = "interrupted.ckpt"  # as diffzoo.tasks.callbacks.InterruptCheckpoint names it (no Lightning here)
+STOPPED_SUFFIX = ".stopped.json"  # beside a run's log: how to go on with a run a stop of the study cut short
+
+
+def interrupted_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a training stopped part-way by SIGTERM or Ctrl-C left in the run's newest log folder (the
+    recipes write it at a step the uninterrupted run passes through, and delete it when a run finishes), None if
+    there is none."""
+    try:
+        ckpt = latest_log_dir(run_dir) / "checkpoints" / INTERRUPTED_CKPT
+    except FileNotFoundError:
+        return None
+    return ckpt if ckpt.is_file() else None
+
+
+def _stopped_note(log: Path) -> Path:
+    return log.with_name(log.stem + STOPPED_SUFFIX)
+
+
+def _files_state(ckpt: Path) -> dict:
+    """What must not change between a stop and the resume: the checkpoint and the metrics logged up to it."""
+    metrics = ckpt.parent.parent / "metrics.csv"
+    return {"checkpoint": str(ckpt), "checkpoint_mtime_ns": ckpt.stat().st_mtime_ns,
+            "metrics_mtime_ns": metrics.stat().st_mtime_ns if metrics.is_file() else None}
+
+
+def note_stopped(run_dir: Path, log: Path, command: list[str], code: dict, since: float,
+                 earlier: Sequence[float]) -> bool:
+    """After a stop of the study cut a training short: when that training saved its interrupted checkpoint (after
+    ``since``, the attempt's start), note beside its log what :func:`resume_point` needs to go on from it (the
+    command, the code stamp, the seconds of every attempt so far, the state of the checkpoint and metrics);
+    otherwise drop any earlier note, so the run starts afresh. Whether it can go on."""
+    note = _stopped_note(log)
+    ckpt = interrupted_checkpoint(run_dir)
+    if ckpt is None or ckpt.stat().st_mtime < since:
+        note.unlink(missing_ok=True)
+        return False
+    tmp = note.with_name(note.name + ".tmp")
+    tmp.write_text(json.dumps({"command": list(command), "code": code,
+                               "seconds": [*earlier, time.time() - since], **_files_state(ckpt)}, indent=1))
+    tmp.replace(note)
+    return True
+
+
+def resume_point(run_dir: Path, log: Path, command: list[str],
+                 same_code: Callable[[dict], bool]) -> tuple[Path | None, list[float]]:
+    """Where a training cut short by a stop of the study goes on from: its interrupted checkpoint and the seconds
+    of its earlier attempts, when :func:`note_stopped` noted them for the same command, ``same_code(noted code
+    stamp)`` holds, and neither the checkpoint nor the metrics changed since (a training killed outright after
+    the note leaves them changed); otherwise ``(None, [])``, and the run starts afresh in a new log folder."""
+    note = _stopped_note(log)
+    try:
+        held = json.loads(note.read_text())
+    except (OSError, ValueError):
+        return None, []
+    ckpt = interrupted_checkpoint(run_dir)
+    if (ckpt is None or held.get("command") != list(command) or not same_code(held.get("code") or {})
+            or {k: held.get(k) for k in ("checkpoint", "checkpoint_mtime_ns", "metrics_mtime_ns")} != _files_state(ckpt)):
+        return None, []
+    return ckpt, [float(s) for s in held.get("seconds", [])]
+
+
+def forget_stopped(log: Path) -> None:
+    """Drop the note of a run's earlier attempts (the run finished, or starts afresh)."""
+    _stopped_note(log).unlink(missing_ok=True)
+
+
 LOCK_SUFFIX = ".lock"  # beside a records file: held while a process may write those records
 _HELD: set[Path] = set()  # records this process holds the lock of (a nested hold takes nothing more)
 
@@ -185,11 +252,12 @@ class Finishing(Exception):
     """Raised instead of starting a training once the study was told to finish (:func:`finish_trainings`)."""
 
 
-def train(command: list[str], log: Path) -> float:
-    """Run one training command with its output in ``log``; returns the wall time. Fails loudly."""
+def train(command: list[str], log: Path, append: bool = False) -> float:
+    """Run one training command with its output in ``log`` (added to its end with ``append``, for a run that goes
+    on from an earlier attempt); returns the wall time. Fails loudly."""
     start = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
+    with open(log, "a" if append else "w") as f:
         with _LIVE_LOCK:  # started under the lock, so stop_trainings either sees it or it never starts
             if _STOPPING.is_set():
                 raise RuntimeError("the study is stopping: training not started")
@@ -213,20 +281,22 @@ def stopping() -> bool:
 
 
 def stop_trainings(signum: int, frame: object) -> None:
-    """Signal handler: terminate the training processes this study started, start no more, then exit.
-    Without it a ``kill`` of the study would leave its trainings running on, unrecorded."""
+    """Signal handler: terminate the training processes this study started (each saves a resumable checkpoint
+    first: :func:`note_stopped`), start no more, then exit. Without it a ``kill`` of the study would leave its
+    trainings running on, unrecorded."""
     with _LIVE_LOCK:
         _STOPPING.set()
         live = list(_LIVE)
     for proc in live:
         proc.terminate()
-    for proc in live:
+    for proc in live:  # each saves a checkpoint at its next clean step (after validation, if one is running)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
-    raise SystemExit(f"stopped by signal {signum}; {len(live)} training(s) terminated (they are trained again on the "
-                     "next call: the records hold only finished runs)")
+    raise SystemExit(f"stopped by signal {signum}; {len(live)} training(s) terminated (the records hold only "
+                     "finished runs; the next call goes on with each terminated training from the checkpoint it "
+                     "saved, or trains it again where it saved none)")
 
 
 def finish_trainings(signum: int, frame: object) -> None:

@@ -45,18 +45,22 @@ from typing import Any
 
 from .families import FAMILIES, GRAD_NORM, Family, lr_tag, metric_value, run_name
 from .plots import plot_curves, plot_knob
+from .provenance import same_training_code
 from .recipe import lr_grid, recipe_args
 from .runs import (
     RecordsBusy,
     code_stamp,
+    forget_stopped,
     last_logged,
     latest_log_dir,
+    note_stopped,
     progress_line,
     read_divergence,
     read_run,
     read_test_clips,
     recipe_command,
     records_lock,
+    resume_point,
     run_jobs,
     stopping,
     train,
@@ -76,6 +80,7 @@ from .tables import (
     stats_table,
 )
 
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout the code stamps describe (code_stamp's root)
 FINAL_SEED = 100  # seeds of final runs start here; the grid's (0, 1, ...) never score the test set
 
 
@@ -102,8 +107,20 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
     runs = out / "runs"
     record: dict[str, Any] = {"name": name, "variant": variant, "lr": lr, "seed": seed,
                               "knob": list(knob) if knob else None, "code": code_stamp()}
+    command, log = recipe_command(family.recipe, runs, name, args), runs / f"{name}.log"
+    ckpt, earlier = resume_point(runs / name, log, command,
+                                 lambda then: same_training_code(then, record["code"], REPOSITORY)) \
+        if family.resumes_exactly else (None, [])
+    if ckpt is None:
+        forget_stopped(log)
+    else:
+        print(f"resuming {name} from {ckpt} (attempt {len(earlier) + 1})", flush=True)
+    start = time.time()
     try:
-        record["seconds"] = train(recipe_command(family.recipe, runs, name, args), runs / f"{name}.log")
+        seconds = train([*command, "--ckpt_path", str(ckpt)] if ckpt else command, log, append=ckpt is not None)
+        record["seconds"] = seconds + sum(earlier)  # every attempt's wall time
+        if earlier:
+            record["attempts"] = len(earlier) + 1
         record.update(read_run(runs / name, (family.val_metric, GRAD_NORM), steps=True))
         record["curves"] = {k: drawn_only(v) if k == GRAD_NORM else v for k, v in record["curves"].items()}
         record["diverged"] = read_divergence(runs / name)
@@ -111,11 +128,14 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
         if clips is not None:  # recipes that score each test clip (speech): [voice, snr_db, label, pred] per clip
             record["test_clips"] = clips
     except (RuntimeError, FileNotFoundError) as e:
-        if stopping():  # cut short by a stop of the study: not a result, and not recorded
+        if stopping():  # cut short by a stop of the study: not a result, not recorded; goes on next call
+            if family.resumes_exactly:
+                note_stopped(runs / name, log, command, record["code"], start, earlier)
             raise
         # a run that diverged stops with an error on purpose (and writes its divergence record): not a failure
         diverged = read_divergence(runs / name)
         record.update(failed=None if diverged else str(e), diverged=diverged, summary={}, curves={})
+    forget_stopped(log)
     record["plateau"] = run_plateau(family, record)
     v = metric_value(record, family.val_metric)
     if not record.get("failed") and not math.isfinite(v) and record["diverged"] is None:

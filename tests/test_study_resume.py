@@ -1,0 +1,219 @@
+"""A training cut short by a stop of the study goes on from its interrupted checkpoint on the next call: the
+records get the same run as without the stop (checked with real processes), its wall time summed over the
+attempts; anything that could make the resumed run differ (other command, other training code, a checkpoint or
+metrics changed since the stop, a family not checked to resume exactly) starts the run over instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diffzoo.study import sweep
+from diffzoo.study.provenance import same_training_code
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _commit(root: Path, files: dict[str, str], message: str) -> str:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    _git(root, "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+    return _git(root, "rev-parse", "HEAD")
+
+
+def test_same_training_code_across_records_commits_but_not_across_training_changes(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    _git(root, "init", "-q")
+    first = _commit(root, {"diffzoo/layers.py": "a = 1\n", "recipes/lm.py": "b = 1\n", "docs/x.json": "{}"}, "one")
+    records = _commit(root, {"docs/x.json": '{"runs": 1}', "diffzoo/study/sweep.py": "# harness\n"}, "records")
+    training = _commit(root, {"diffzoo/layers.py": "a = 2\n"}, "training change")
+
+    def stamp(commit, changed=(), torch="2.11.0"):
+        return {"commit": commit, "changed": list(changed), "torch": torch, "lightning": "2.6.6"}
+
+    assert same_training_code(stamp(first), stamp(first), root)
+    assert same_training_code(stamp(first), stamp(records), root)  # records and harness only in between
+    assert same_training_code(stamp(first, ["diffzoo/study/plan.py"]), stamp(records), root)
+    assert not same_training_code(stamp(records), stamp(training), root)  # a training file changed
+    assert not same_training_code(stamp(first, ["recipes/lm.py"]), stamp(first), root)  # uncommitted then
+    assert not same_training_code(stamp(first), stamp(first, ["diffzoo/layers.py"]), root)  # uncommitted now
+    assert not same_training_code(stamp(first), stamp(first, torch="2.10.0"), root)
+    assert not same_training_code(stamp(None), stamp(None), root)  # no git: cannot tell
+    assert not same_training_code(stamp("0" * 40), stamp(first), root)  # a commit git does not know
+
+
+STAMP = {"commit": "c" * 40, "changed": [], "torch": "2.11.0", "lightning": "2.6.6"}
+
+
+def _stopping_train(out: Path, stop: set[str], calls: list, state: dict):
+    """A stand-in for ``train``: a run named in ``stop`` saves an interrupted checkpoint and metrics the way a
+    recipe does on SIGTERM, while the study is stopping, and fails; any other run finishes in 2 s."""
+    def train(command, log, append=False):
+        name = command[command.index("--trainer.logger.init_args.name") + 1]
+        ckpt = command[command.index("--ckpt_path") + 1] if "--ckpt_path" in command else None
+        calls.append((name, ckpt, append))
+        if name in stop:
+            stop.discard(name)
+            folder = out / "runs" / name
+            version = folder / f"version_{len(list(folder.glob('version_*'))) if folder.is_dir() else 0}"
+            (version / "checkpoints").mkdir(parents=True)
+            (version / "checkpoints" / "interrupted.ckpt").write_bytes(b"weights")
+            (version / "metrics.csv").write_text("epoch,step\n0,1\n")
+            state["stopping"] = True
+            raise RuntimeError(f"training failed (exit 143); see {log}")
+        return 2.0
+    return train
+
+
+@pytest.fixture
+def fake_study(tmp_path, monkeypatch):
+    state = {"stopping": False}
+    monkeypatch.setattr(sweep, "stopping", lambda: state["stopping"])
+    monkeypatch.setattr(sweep, "code_stamp", lambda: dict(STAMP))
+    monkeypatch.setattr(sweep, "same_training_code", lambda then, now, root: then == now)
+    monkeypatch.setattr(sweep, "read_run", lambda folder, curves, steps=False: {
+        "summary": {"metrics": {"val/loss": 1.5}}, "curves": {}})
+    return state
+
+
+def _argv(out: Path, family: str = "lm") -> list[str]:
+    return ["--family", family, "--variants", "softmax", "--lrs", "1e-3", "--seeds", "2", "--final-seeds", "0",
+            "--extend", "0", "--out", str(out)]
+
+
+def test_a_stopped_run_goes_on_from_its_checkpoint_with_its_time_summed(tmp_path, monkeypatch, fake_study):
+    out, calls = tmp_path / "sw", []
+    monkeypatch.setattr(sweep, "train", _stopping_train(out, {"softmax_lr0.001_seed1"}, calls, fake_study))
+    with pytest.raises(RuntimeError, match="exit 143"):
+        sweep.main(_argv(out))
+    note = out / "runs" / "softmax_lr0.001_seed1.stopped.json"
+    held = json.loads(note.read_text())
+    assert held["code"] == STAMP and len(held["seconds"]) == 1 and held["seconds"][0] >= 0
+    assert held["checkpoint"].endswith("version_0/checkpoints/interrupted.ckpt")
+    saved = json.loads((out / "results.json").read_text())["runs"]
+    assert list(saved) == ["softmax_lr0.001_seed0"]  # the stopped run is not a result
+
+    fake_study["stopping"] = False
+    calls.clear()
+    res = sweep.main(_argv(out))
+    assert calls == [("softmax_lr0.001_seed1", held["checkpoint"], True)]  # resumed, its log appended to
+    run = res["runs"]["softmax_lr0.001_seed1"]
+    assert run["attempts"] == 2 and run["seconds"] == pytest.approx(2.0 + held["seconds"][0])
+    assert "attempts" not in res["runs"]["softmax_lr0.001_seed0"] and not note.exists()
+
+
+def test_a_stopped_run_starts_over_when_anything_changed_since_the_stop(tmp_path, monkeypatch, fake_study):
+    out, calls = tmp_path / "sw", []
+    stop = set()
+    monkeypatch.setattr(sweep, "train", _stopping_train(out, stop, calls, fake_study))
+
+    def stopped_then_rerun(change) -> tuple:
+        stop.add("softmax_lr0.001_seed0")
+        calls.clear()
+        (out / "results.json").unlink(missing_ok=True)
+        fake_study["stopping"] = False
+        with pytest.raises(RuntimeError):
+            sweep.main([*_argv(out), "--seeds", "1"])
+        assert (out / "runs" / "softmax_lr0.001_seed0.stopped.json").is_file()
+        change()
+        fake_study["stopping"] = False
+        sweep.main([*_argv(out), "--seeds", "1"])
+        return calls[-1]
+
+    def metrics_written():  # a training killed outright after the note appended to its metrics
+        version = max((out / "runs" / "softmax_lr0.001_seed0").glob("version_*"), key=lambda p: int(p.name[8:]))
+        time.sleep(0.01)
+        with open(version / "metrics.csv", "a") as f:
+            f.write("0,2\n")
+
+    assert stopped_then_rerun(metrics_written) == ("softmax_lr0.001_seed0", None, False)
+    def other_code():
+        monkeypatch.setattr(sweep, "code_stamp", lambda: {**STAMP, "commit": "d" * 40})
+
+    assert stopped_then_rerun(other_code) == ("softmax_lr0.001_seed0", None, False)
+    last = stopped_then_rerun(lambda: None)  # nothing changed since the stop: this one goes on
+    assert last[0] == "softmax_lr0.001_seed0" and last[1] is not None and last[2]
+
+    # a family whose resume is not exact (cluttered digits) notes nothing and always starts over
+    out = tmp_path / "cl"
+    monkeypatch.setattr(sweep, "train", _stopping_train(out, {"softmax_lr0.001_seed0"}, calls, fake_study))
+    fake_study["stopping"] = False
+    with pytest.raises(RuntimeError):
+        sweep.main([*_argv(out, "cluttered"), "--seeds", "1"])
+    assert not list((out / "runs").glob("*.stopped.json"))
+    fake_study["stopping"] = False
+    calls.clear()
+    sweep.main([*_argv(out, "cluttered"), "--seeds", "1"])
+    assert calls == [("softmax_lr0.001_seed0", None, False)]
+
+
+def _sweep_command(family: str, out: Path) -> list[str]:
+    return [sys.executable, "-m", "recipes.sweep", "--family", family, "--variants", "diff", "--lrs", "2e-3",
+            "--seeds", "1", "--final-seeds", "0", "--extend", "0", "--quick", "--out", str(out),
+            "--trainer.max_epochs", "4", "--trainer.limit_train_batches", "16", "--trainer.limit_val_batches", "2"]
+
+
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("family", ["lm", *(pytest.param(f, marks=_SLOW) for f in ("vit", "clip", "speech", "needle"))])
+def test_a_study_stopped_by_sigterm_records_the_same_run_as_an_uninterrupted_one(tmp_path, family):
+    """Real processes, for each family that resumes (``Family.resumes_exactly``; the LM here, the others with
+    ``-m slow``): the study gets SIGTERM while its training is in its second epoch, the next call resumes it, and
+    the record matches an uninterrupted run's: validation curve, every final metric, the gradient norms (less the
+    readings a resumed run repeats only after its next measurement)."""
+    from diffzoo.study.families import FAMILIES
+    from diffzoo.study.provenance import HARNESS
+    from diffzoo.study.runs import code_stamp
+
+    assert FAMILIES[family].resumes_exactly
+    stamp = code_stamp()
+    if stamp["commit"] is None or any(not c.startswith(HARNESS) for c in stamp["changed"]):
+        pytest.skip("no git checkout, or uncommitted changes to training code: a study resumes no run across those")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    subprocess.run(_sweep_command(family, straight), cwd=tmp_path, env=env, check=True, capture_output=True,
+                   timeout=600)
+
+    proc = subprocess.Popen(_sweep_command(family, stopped), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    log = stopped / "runs" / "diff_lr0.002_seed0.log"
+    deadline = time.time() + 300
+    while not (log.is_file() and "epoch 1/4" in log.read_text()):
+        assert proc.poll() is None and time.time() < deadline, "the training ended before it could be stopped"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "stopped by signal 15" in output
+    assert "Stopped by SIGTERM at step" in log.read_text()
+    assert not (stopped / "results.json").is_file() or not json.loads(
+        (stopped / "results.json").read_text()).get("runs")
+
+    done = subprocess.run(_sweep_command(family, stopped), cwd=tmp_path, env=env, check=True, capture_output=True,
+                          text=True, timeout=600)
+    assert "resuming diff_lr0.002_seed0 from" in done.stdout
+    a = json.loads((straight / "results.json").read_text())["runs"]["diff_lr0.002_seed0"]
+    b = json.loads((stopped / "results.json").read_text())["runs"]["diff_lr0.002_seed0"]
+    assert b["attempts"] == 2 and "attempts" not in a
+    assert b["summary"]["global_step"] == a["summary"]["global_step"] > 16
+    assert b["summary"]["metrics"] == a["summary"]["metrics"]
+    metric = FAMILIES[family].val_metric
+    assert b["curves"][metric] == a["curves"][metric] and len(a["curves"][metric]) == 4
+    norms_a, norms_b = a["curves"]["train/grad_norm"], b["curves"]["train/grad_norm"]
+    assert all(point in norms_a for point in norms_b) and len(norms_b) >= len(norms_a) - 10
+    assert not list((stopped / "runs").glob("*.stopped.json"))
