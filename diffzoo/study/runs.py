@@ -154,21 +154,20 @@ def _files_state(ckpt: Path) -> dict:
 
 
 def note_stopped(run_dir: Path, log: Path, command: list[str], code: dict, since: float,
-                 earlier: Sequence[float]) -> bool:
+                 earlier: Sequence[float]) -> None:
     """After a stop of the study cut a training short: when that training saved its interrupted checkpoint (after
     ``since``, the attempt's start), note beside its log what :func:`resume_point` needs to go on from it (the
     command, the code stamp, the seconds of every attempt so far, the state of the checkpoint and metrics);
-    otherwise drop any earlier note, so the run starts afresh. Whether it can go on."""
+    otherwise drop any earlier note, so the run starts afresh."""
     note = _stopped_note(log)
     ckpt = interrupted_checkpoint(run_dir)
     if ckpt is None or ckpt.stat().st_mtime < since:
         note.unlink(missing_ok=True)
-        return False
+        return
     tmp = note.with_name(note.name + ".tmp")
     tmp.write_text(json.dumps({"command": list(command), "code": code,
                                "seconds": [*earlier, time.time() - since], **_files_state(ckpt)}, indent=1))
     tmp.replace(note)
-    return True
 
 
 def resume_point(run_dir: Path, log: Path, command: list[str],
