@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
-from .runs import CODE_PATHS, git
+from .runs import CODE_PATHS, FINAL_SEED, git
 
 HARNESS = ("diffzoo/study/", "recipes/study.py", "recipes/sweep.py")
 
@@ -144,8 +144,6 @@ def code_lines(records: Path, cells: Sequence[str], root: Path) -> list[str]:
 def verify_choice(record: dict, variants: Sequence[str]) -> list[dict]:
     """The runs of a cell that ``verify`` trains again: per variant, its first final run (the lowest final seed
     at its best lr), or for a budget check (no final runs) its seed-0 run."""
-    from .sweep import FINAL_SEED
-
     best = {v: b["lr"] for v, b in (record.get("best") or {}).items()}
     chosen = []
     for v in variants:

@@ -48,6 +48,7 @@ from .plots import plot_curves, plot_knob
 from .provenance import same_training_code
 from .recipe import lr_grid, recipe_args
 from .runs import (
+    FINAL_SEED,
     RecordsBusy,
     code_stamp,
     forget_stopped,
@@ -81,7 +82,6 @@ from .tables import (
 )
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout the code stamps describe (code_stamp's root)
-FINAL_SEED = 100  # seeds of final runs start here; the grid's (0, 1, ...) never score the test set
 
 
 def with_epochs(family: Family, epochs: int) -> Family:
