@@ -39,8 +39,8 @@ from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
-from .runs import RecordsBusy, records_lock
-from .sweep import FINAL_SEED, write_records
+from .runs import FINAL_SEED, RecordsBusy, records_lock
+from .sweep import write_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
 MAIN = MAIN_VARIANTS
