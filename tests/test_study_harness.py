@@ -598,3 +598,111 @@ def test_the_gradient_norm_curve_is_recorded_to_four_significant_digits():
 
     curve = [[9, 3.6937177181243896], [19, 10.921234], [29, 0.000123456]]
     assert drawn_only(curve) == [[9, 3.694], [19, 10.92], [29, 0.0001235]]
+
+
+# -- --finish-by: a study that must end by a set time ---------------------------------------------
+def test_finish_by_reads_clock_times_dates_and_spans():
+    import datetime as dt
+
+    from diffzoo.study.runs import parse_finish_by
+
+    now = dt.datetime(2026, 11, 29, 15, 20, 30)
+    assert parse_finish_by("18:07", now) == dt.datetime(2026, 11, 29, 18, 7)
+    assert parse_finish_by("06:00", now) == dt.datetime(2026, 11, 30, 6, 0)  # already past today: tomorrow
+    assert parse_finish_by("90m", now) == now + dt.timedelta(minutes=90)
+    assert parse_finish_by("1h30m", now) == parse_finish_by("90m", now) == now + dt.timedelta(hours=1.5)
+    assert parse_finish_by("2h", now) == now + dt.timedelta(hours=2)
+    assert parse_finish_by("2026-12-01T08:15", now) == dt.datetime(2026, 12, 1, 8, 15)
+    for bad, says in (("25:00", "give a clock time"), ("soon", "give a clock time"), ("", "give a clock time"),
+                      ("2026-11-28T10:00", "that time has passed")):
+        with pytest.raises(ValueError, match=says):
+            parse_finish_by(bad, now)
+
+
+def test_expected_seconds_takes_the_longest_run_most_like_the_next_one():
+    from diffzoo.study.sweep import expected_seconds
+
+    cache = {"a": {"variant": "softmax", "lr": 1e-3, "seconds": 100.0},
+             "b": {"variant": "softmax", "lr": 1e-3, "seconds": 300.0},
+             "c": {"variant": "softmax", "lr": 2e-3, "seconds": 500.0},
+             "d": {"variant": "diff", "lr": 1e-3, "seconds": 900.0},
+             "e": {"variant": "diff", "lr": 4e-3, "failed": "exit 1", "seconds": 5000.0}}  # a crash says nothing
+    assert expected_seconds(cache, "softmax", 1e-3) == pytest.approx(330.0)  # same variant and lr, + 10 %
+    assert expected_seconds(cache, "softmax", 8e-3) == pytest.approx(550.0)  # same variant, any lr
+    assert expected_seconds(cache, "diff_v2_matched", 1e-3) == pytest.approx(990.0)  # any run of these records
+    assert expected_seconds({}, "softmax", 1e-3, fallback=60.0) == 60.0
+    assert expected_seconds({}, "softmax", 1e-3) is None
+
+
+@pytest.fixture
+def deadline_reset():
+    """--finish-by and its finishing state are process-wide: cleared after the test, whatever happens."""
+    from diffzoo.study import runs
+
+    yield
+    runs.finish_by(None)
+    runs._FINISHING.clear()
+
+
+def test_finish_by_starts_no_run_that_would_end_after_it(tmp_path, monkeypatch, capsys, deadline_reset):
+    """Each run "takes" 10 minutes by its record. With 10 minutes left, the first run (nothing recorded, so of
+    unknown length) starts, the second (about 11 minutes by the first) does not; the call finishes with the
+    first recorded, and the same command later trains only the rest. With --run-minutes giving a first run's
+    length, not even the first starts."""
+    import datetime as dt
+
+    from diffzoo.study import runs, sweep
+
+    trained = []
+
+    def fake(family, out, variant, lr, seed, *rest, **kw):
+        trained.append(seed)
+        return {**_fake_run({("softmax", 1e-3): 0.5})(family, out, variant, lr, seed, *rest, **kw), "seconds": 600.0}
+
+    monkeypatch.setattr(sweep, "train_run", fake)
+    argv = ["--family", "mqar", "--variants", "softmax", "--lrs", "1e-3", "--seeds", "3", "--final-seeds", "0",
+            "--extend", "0", "--out", str(tmp_path / "sw")]
+    in_10_min = (dt.datetime.now() + dt.timedelta(minutes=10)).isoformat(timespec="seconds")
+    with pytest.raises(runs.Finishing, match=r"softmax_lr0.001_seed1 takes about 11 min, so it would end about "):
+        sweep.main([*argv, "--finish-by", in_10_min])
+    assert trained == [0] and "unknown; started anyway" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "sw" / "results.json").read_text())
+    assert list(saved["runs"]) == ["softmax_lr0.001_seed0"]  # the run that started was recorded
+
+    runs.finish_by(None)
+    runs._FINISHING.clear()
+    sweep.main(argv)  # no limit: the two runs left, and only those
+    assert trained == [0, 1, 2]
+
+    with pytest.raises(runs.Finishing, match="softmax_lr0.001_seed0 takes about 20 min"):
+        sweep.main([*argv, "--out", str(tmp_path / "other"), "--finish-by", in_10_min, "--run-minutes", "20"])
+    assert trained == [0, 1, 2] and not (tmp_path / "other" / "results.json").exists()
+    with pytest.raises(SystemExit):
+        sweep.main([*argv, "--finish-by", "whenever"])
+    assert "give a clock time" in capsys.readouterr().err
+
+
+def test_finish_by_ends_the_study_command_with_a_message_not_a_traceback(monkeypatch, capsys, deadline_reset):
+    import datetime as dt
+    import signal
+
+    from diffzoo.study import plan, runs
+
+    seen = []
+    monkeypatch.setattr(runs, "finish_by", lambda when: seen.append(when))
+    monkeypatch.setattr(plan, "finish_by", lambda when: seen.append(when))
+    with pytest.raises(SystemExit):
+        plan.main(["status", "--finish-by", "2h"])
+    assert "limits the trainings of the run command only" in capsys.readouterr().err and not seen
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    try:  # main_with_signals installs the study's handlers: put pytest's back after
+        runs._DEADLINE[:] = [(dt.datetime.now() + dt.timedelta(minutes=5)).timestamp()]
+        with pytest.raises(SystemExit) as ended:
+            runs.main_with_signals(lambda: runs.check_time_left(3600.0, "diff_lr0.002_seed100"))
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    said = str(ended.value)
+    assert said.startswith("diff_lr0.002_seed100 takes about 60 min") and "after --finish-by" in said
+    assert "finished the trainings that were running (recorded)" in said

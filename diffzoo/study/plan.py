@@ -6,11 +6,13 @@ lands on an edge). Each cell is a :mod:`diffzoo.study.sweep` whose records file 
 (:data:`RECORDS`), so a later session, or another machine, continues where the last one stopped: runs
 already recorded are never trained again, and a run killed half-way is simply trained again. To end a
 session, ``kill -USR1 <pid>``: the runs in flight finish and are recorded, no other starts (``kill <pid>``
-stops at once and drops them).
+stops at once and drops them); or say when it must end, ``--finish-by 18:30``, and no run starts that its
+records say would not end by then.
 
     OMP_NUM_THREADS=1 python -m recipes.study run --jobs 2            # every cell, in order; resumable
     OMP_NUM_THREADS=1 python -m recipes.study run --cells mqar lm     # some cells
     OMP_NUM_THREADS=1 python -m recipes.study run --main-only         # the three main variants first
+    OMP_NUM_THREADS=1 python -m recipes.study run --finish-by 4h      # a session of 4 hours, no run cut short
     python -m recipes.study status                                    # runs recorded per cell
     python -m recipes.study report                                    # the headline table and its plots
     python -m recipes.study report --page docs/results.md             # ... and the table into the results page
@@ -39,7 +41,7 @@ from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
-from .runs import FINAL_SEED, RecordsBusy, records_lock
+from .runs import FINAL_SEED, RecordsBusy, finish_by, parse_finish_by, records_lock
 from .sweep import write_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
@@ -986,6 +988,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--main-only", action="store_true",
                    help="run: only softmax, diff and diff_v2_matched of each cell (the ablations stay for a later "
                         "call on the same records)")
+    p.add_argument("--finish-by", default=None, metavar="WHEN",
+                   help="run: start no training that would end after WHEN (18:30, 2026-12-01T18:30, or 90m / 2h "
+                        "from now), judged by the longest recorded run like it (a cell with none yet: the runs of a "
+                        "cell of the same size); the runs in flight finish and are recorded, as on SIGUSR1 "
+                        "(default: no limit)")
     p.add_argument("--page", type=Path, default=None,
                    help=f"report: also write the headline table into this markdown page, between its lines "
                         f"{PAGE_START} and {PAGE_END} (the study's page: docs/results.md; default: none)")
@@ -1002,6 +1009,13 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--page and --summary write the whole study's table (one Holm over every cell): leave out --cells")
     if args.quick and args.records == RECORDS:
         p.error("--quick writes smoke records: give another --records folder than the study's")
+    if args.finish_by is not None:
+        if args.command != "run":
+            p.error("--finish-by limits the trainings of the run command only")
+        try:
+            finish_by(parse_finish_by(args.finish_by))
+        except ValueError as e:
+            p.error(str(e))
     if args.command == "run":
         from .sweep import main as sweep
 
@@ -1013,8 +1027,10 @@ def main(argv: list[str] | None = None) -> None:
                     if not args.quick and (adopted := adopt_runs(args.records, cell)):
                         print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records",
                               flush=True)
+                    per_run = None if args.quick else _seconds_per_run(args.records, cell)
+                    guess = [] if per_run is None else ["--run-minutes", f"{per_run / 60:.2f}"]  # for --finish-by
                     for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
-                        sweep(argv)
+                        sweep([*argv, *guess])
             except RecordsBusy as e:
                 raise SystemExit(f"cell {cell.name}: {e}") from None
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,6 +248,7 @@ _LIVE: set[subprocess.Popen] = set()  # training processes now running (stopped 
 _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_trainings: no training starts after it
 _FINISHING = threading.Event()  # set by finish_trainings: the trainings running finish, no other starts
+_DEADLINE: list[float] = []  # set by finish_by: no training starts that would end after this Unix time
 
 
 class Finishing(Exception):
@@ -262,7 +265,7 @@ def train(command: list[str], log: Path, append: bool = False) -> float:
             if _STOPPING.is_set():
                 raise RuntimeError("the study is stopping: training not started")
             if _FINISHING.is_set():
-                raise Finishing("the study is finishing: training not started")
+                raise Finishing("the study was told to finish")
             proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT)
             _LIVE.add(proc)
         try:
@@ -307,10 +310,72 @@ def finish_trainings(signum: int, frame: object) -> None:
     os.write(2, f"signal {signum}: finishing the trainings now running, starting no more\n".encode())
 
 
+def parse_finish_by(text: str, now: datetime.datetime | None = None) -> datetime.datetime:
+    """The time a ``--finish-by`` value names, in local time: ``HH:MM`` (its next occurrence: ``06:00`` said at
+    23:00 is tomorrow morning), ``YYYY-MM-DDTHH:MM[:SS]``, or a span from ``now``: ``90m``, ``2h``, ``1h30m``.
+    ValueError naming the accepted forms for anything else, or for a date and time already past."""
+    now = now or datetime.datetime.now()
+    text = text.strip()
+    span = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?", text)
+    if span and text:
+        return now + datetime.timedelta(hours=int(span[1] or 0), minutes=int(span[2] or 0))
+    clock = re.fullmatch(r"(\d{1,2}):(\d{2})", text)
+    if clock and int(clock[1]) < 24 and int(clock[2]) < 60:
+        when = now.replace(hour=int(clock[1]), minute=int(clock[2]), second=0, microsecond=0)
+        return when if when > now else when + datetime.timedelta(days=1)
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--finish-by {text!r}: give a clock time (18:30), a date and time (2026-12-01T18:30) "
+                         "or a span from now (90m, 2h, 1h30m)") from None
+    if when.tzinfo is not None:
+        when = when.astimezone().replace(tzinfo=None)
+    if when <= now:
+        raise ValueError(f"--finish-by {text!r}: that time has passed (it is {now:%Y-%m-%d %H:%M} now)")
+    return when
+
+
+def finish_by(when: datetime.datetime | None) -> None:
+    """From now on (None: no longer) start no training that would end after ``when``: see
+    :func:`check_time_left`. A study that must end by a set time (a session, a scheduler's wall-time limit) loses
+    no hours to runs it would have to cut short."""
+    _DEADLINE[:] = [] if when is None else [when.timestamp()]
+
+
+def check_time_left(seconds: float | None, what: str) -> None:
+    """Called before a training starts. With a :func:`finish_by` time set, when ``what`` would take about
+    ``seconds`` beyond it, the study finishes as on SIGUSR1 (:func:`finish_trainings`: the trainings running go
+    on and are recorded, none starts) by raising :class:`Finishing`. A training of unknown length (``seconds``
+    None: nothing like it recorded) is started, and says so."""
+    if not _DEADLINE:
+        return
+    now, deadline = time.time(), _DEADLINE[0]
+    if seconds is None:
+        print(f"{what}: nothing like it recorded yet, so how long it takes is unknown; started anyway "
+              f"(--finish-by {_clock(deadline)})", flush=True)
+        return
+    if now + seconds > deadline:
+        _FINISHING.set()
+        raise Finishing(f"{what} takes about {_said(seconds)}, so it would end about {_clock(now + seconds)}, "
+                        f"after --finish-by {_clock(deadline)}")
+
+
+def _clock(t: float) -> str:
+    """``t`` as a local clock time, with its date when that is not today."""
+    when = datetime.datetime.fromtimestamp(t)
+    return when.strftime("%H:%M" if when.date() == datetime.date.today() else "%Y-%m-%d %H:%M")
+
+
+def _said(seconds: float) -> str:
+    """A duration in the unit a reader would use: seconds, minutes, then hours."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 def main_with_signals(main: Callable[[], object]) -> None:
     """Run a study command line (``main``) with its signals: SIGTERM and Ctrl-C (SIGINT) stop at once
     (:func:`stop_trainings`: the trainings cut short are not recorded, rather than recorded as failed), SIGUSR1
-    finishes the trainings running first (:func:`finish_trainings`). A study started with SIGINT ignored (a
+    finishes the trainings running first (:func:`finish_trainings`), as does a training that would end after a
+    ``--finish-by`` time (:func:`check_time_left`). A study started with SIGINT ignored (a
     background job, ``nohup``) keeps ignoring it."""
     signal.signal(signal.SIGTERM, stop_trainings)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
@@ -319,18 +384,15 @@ def main_with_signals(main: Callable[[], object]) -> None:
         signal.signal(signal.SIGUSR1, finish_trainings)
     try:
         main()
-    except Finishing:
-        raise SystemExit("finished the trainings that were running (recorded); none started after the signal. "
-                         "The same command goes on from here.") from None
+    except Finishing as e:
+        raise SystemExit(f"{e}: finished the trainings that were running (recorded) and started no more. The same "
+                         "command goes on from here.") from None
 
 
 def progress_line(done: int, total: int, seconds: float) -> str:
     """How far a batch of runs has got, and how long the rest takes at the pace so far (wall time)."""
-    def said(s: float) -> str:
-        return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
-
-    return (f"progress: {done} of {total} runs, {said(seconds)} so far"
-            + (f", about {said(seconds / done * (total - done))} left at this pace" if 0 < done < total else ""))
+    return (f"progress: {done} of {total} runs, {_said(seconds)} so far"
+            + (f", about {_said(seconds / done * (total - done))} left at this pace" if 0 < done < total else ""))
 
 
 def run_jobs(jobs: Sequence, run: Callable, parallel: int, on_result: Callable[[list], None] | None = None) -> list:

@@ -50,11 +50,14 @@ from .recipe import lr_grid, recipe_args
 from .runs import (
     FINAL_SEED,
     RecordsBusy,
+    check_time_left,
     code_stamp,
+    finish_by,
     forget_stopped,
     last_logged,
     latest_log_dir,
     note_stopped,
+    parse_finish_by,
     progress_line,
     read_divergence,
     read_run,
@@ -146,14 +149,30 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
     return record
 
 
+def expected_seconds(cache: dict[str, dict], variant: str, lr: float, fallback: float | None = None) -> float | None:
+    """How long a run of ``variant`` at ``lr`` should take, for ``--finish-by``: the longest finished run in
+    ``cache`` of that variant at that lr, else of that variant, else of any variant, with 10 % to spare (the same
+    run's wall time varies by about that much with the machine's load); ``fallback`` (seconds) when ``cache``
+    has no finished run at all."""
+    done = [r for r in cache.values() if not r.get("failed") and r.get("seconds")]
+    for like in ([r for r in done if r["variant"] == variant and r["lr"] == lr],
+                 [r for r in done if r["variant"] == variant], done):
+        if like:
+            return 1.1 * max(r["seconds"] for r in like)
+    return fallback
+
+
 def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Sequence[str], parallel: int,
-            cache: dict[str, dict], save: Callable[[], None]) -> list[dict]:
+            cache: dict[str, dict], save: Callable[[], None], fallback_seconds: float | None = None) -> list[dict]:
     """Train every job not in ``cache`` (keyed by run name), or recorded there as failed (a crash is trained
-    again on the next call; a divergence is a result and stays); the records of all jobs, in order."""
+    again on the next call; a divergence is a result and stays); the records of all jobs, in order. With a
+    ``--finish-by`` time, a job that would not end by then is not started (:func:`expected_seconds`, with
+    ``fallback_seconds`` where ``cache`` has no finished run) and the call finishes the jobs running."""
     todo = [j for j in jobs if run_name(*j) not in cache or cache[run_name(*j)].get("failed")]
     start = time.time()
 
     def one(job: tuple) -> dict:
+        check_time_left(expected_seconds(cache, job[0], job[1], fallback_seconds), run_name(*job))
         return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None)
 
     def store(done: list[dict]) -> None:
@@ -282,11 +301,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lrs-from", type=Path, default=None, metavar="RESULTS",
                    help="with --knob: each variant's lr from the results.json of another sweep (default: this --out's)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/sweep/<family>)")
+    p.add_argument("--finish-by", default=None, metavar="WHEN",
+                   help="start no training that would end after WHEN (18:30, 2026-12-01T18:30, or 90m / 2h from now), "
+                        "judged by the longest recorded run like it; the runs in flight finish and are recorded, and "
+                        "the same command goes on from there later (default: no limit)")
+    p.add_argument("--run-minutes", type=float, default=None, metavar="M",
+                   help="with --finish-by: how long a run takes while the records hold none yet (default: unknown, "
+                        "so the first run starts whatever the time)")
     p.add_argument("--results", type=Path, default=None, metavar="JSON",
                    help="the records file (default <out>/results.json); a file kept in version control lets "
                         "another machine or session resume the sweep: runs recorded there are not trained again")
     args, extra = p.parse_known_args(argv)
 
+    if args.finish_by is not None:
+        try:
+            finish_by(parse_finish_by(args.finish_by))
+        except ValueError as e:
+            p.error(str(e))
     family = FAMILIES[args.family]
     if args.epochs is not None:
         if family.budget is None:
@@ -341,6 +372,7 @@ def _sweep(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str
         write_records(results_path, results)
 
     digits = 2 if family.scale != 1.0 else 3
+    fallback = None if args.run_minutes is None else 60 * args.run_minutes  # --finish-by's guess for a first run
     start = time.time()
     texts = []
     if args.chance:
@@ -366,7 +398,7 @@ def _sweep(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str
         jobs = [(v, lrs[v], FINAL_SEED + s, (args.knob, str(x))) for x in args.values for v in variants
                 for s in range(args.final_seeds)]
         reuse_final_runs(jobs, cache, config_value(family.config, args.knob))  # the cache's set-up was checked above
-        runs = run_all(jobs, family, out, args.quick, extra, args.jobs, cache, save)
+        runs = run_all(jobs, family, out, args.quick, extra, args.jobs, cache, save, fallback)
         metric = family.test_metric or family.val_metric
         rows = comparison_rows(family, runs, reference, metric, group=lambda r: r["knob"][1])
         results["knob_result"] = {"knob": args.knob, "values": args.values, "lrs": lrs, "rows": rows}
@@ -381,7 +413,7 @@ def _sweep(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str
         lrs_of = {v: sorted(set(own[v]) | set((results.get("grid_lrs") or {}).get(v, ()))) for v in variants}
         while True:  # ends: each variant gets at most --extend lrs beyond --lrs
             grid_jobs = [(v, lr, s) for v in variants for lr in lrs_of[v] for s in range(args.seeds)]
-            grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save)
+            grid = run_all(grid_jobs, family, out, args.quick, extra, args.jobs, cache, save, fallback)
             best = best_lrs(family, grid)
             grown = {} if args.quick or args.paired else extend_grid(best, lrs_of, args.lrs, args.extend)
             results["grid_lrs"] = {**(results.get("grid_lrs") or {}), **lrs_of}
@@ -393,7 +425,7 @@ def _sweep(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str
         save()
         final_jobs = [(v, best[v]["lr"], FINAL_SEED + s) for v in variants if best[v]["lr"] is not None
                       for s in range(args.final_seeds)]
-        final = run_all(final_jobs, family, out, args.quick, extra, args.jobs, cache, save)
+        final = run_all(final_jobs, family, out, args.quick, extra, args.jobs, cache, save, fallback)
         metric = family.test_metric or family.val_metric
         text = grid_text(family, best, sorted({lr for v in variants for lr in lrs_of[v]}), digits) + "\n\n"
         if final:
