@@ -41,7 +41,7 @@ from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
-from .runs import FINAL_SEED, RecordsBusy, finish_by, parse_finish_by, records_lock
+from .runs import FINAL_SEED, FINISH_BY_HELP, RecordsBusy, finish_by, parse_finish_by, records_lock
 from .sweep import write_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
@@ -989,10 +989,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="run: only softmax, diff and diff_v2_matched of each cell (the ablations stay for a later "
                         "call on the same records)")
     p.add_argument("--finish-by", default=None, metavar="WHEN",
-                   help="run: start no training that would end after WHEN (18:30, 2026-12-01T18:30, or 90m / 2h "
-                        "from now), judged by the longest recorded run like it (a cell with none yet: the runs of a "
-                        "cell of the same size); the runs in flight finish and are recorded, as on SIGUSR1 "
-                        "(default: no limit)")
+                   help="run: " + FINISH_BY_HELP + "; a cell with no runs yet is judged by the mean run of a cell of "
+                        "the same family and size")
     p.add_argument("--page", type=Path, default=None,
                    help=f"report: also write the headline table into this markdown page, between its lines "
                         f"{PAGE_START} and {PAGE_END} (the study's page: docs/results.md; default: none)")

@@ -249,6 +249,9 @@ _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_trainings: no training starts after it
 _FINISHING = threading.Event()  # set by finish_trainings: the trainings running finish, no other starts
 _DEADLINE: list[float] = []  # set by finish_by: no training starts that would end after this Unix time
+FINISH_BY_HELP = ("start no training that would end after WHEN (18:30, 2026-12-01T18:30, or 90m / 2h from now), "
+                  "judged by the longest recorded run like it; the runs in flight finish and are recorded, as on "
+                  "SIGUSR1, and the same command goes on from there later (default: no limit)")  # --finish-by
 
 
 class Finishing(Exception):

@@ -49,6 +49,7 @@ from .provenance import same_training_code
 from .recipe import lr_grid, recipe_args
 from .runs import (
     FINAL_SEED,
+    FINISH_BY_HELP,
     RecordsBusy,
     check_time_left,
     code_stamp,
@@ -302,9 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="with --knob: each variant's lr from the results.json of another sweep (default: this --out's)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/sweep/<family>)")
     p.add_argument("--finish-by", default=None, metavar="WHEN",
-                   help="start no training that would end after WHEN (18:30, 2026-12-01T18:30, or 90m / 2h from now), "
-                        "judged by the longest recorded run like it; the runs in flight finish and are recorded, and "
-                        "the same command goes on from there later (default: no limit)")
+                   help=FINISH_BY_HELP)
     p.add_argument("--run-minutes", type=float, default=None, metavar="M",
                    help="with --finish-by: how long a run takes while the records hold none yet (default: unknown, "
                         "so the first run starts whatever the time)")
