@@ -256,6 +256,40 @@ def test_speech_voice_stats_compares_every_variant_with_softmax_from_the_records
                                       "runs": {"old": runs["old"]}})["rows"] == []
 
 
+def test_report_shows_no_voice_statistics_of_a_variant_half_way_through_its_final_seeds(tmp_path: Path) -> None:
+    """The study's report compares a speech variant with softmax by voices and SNR only once it has every final
+    seed, as its headline table does: one finished V1 run beside softmax's eight is not a result."""
+    from diffzoo.study import plan
+
+    cell = next(c for c in plan.CELLS if c.name == "speech")
+    rng = np.random.default_rng(3)
+    table = [[f"v{i // PER_VOICE}", round(float(x), 2), int(i % 12)]
+             for i, x in enumerate(rng.uniform(0.0, 20.0, VOICES * PER_VOICE))]
+
+    def clips() -> list[list]:
+        return [[v, s, y, y if rng.random() < 0.8 else (y + 1) % 12] for v, s, y in table]
+
+    def write(diff_seeds: int) -> str:
+        runs = {}
+        for variant, n in (("softmax", cell.final_seeds), ("diff", diff_seeds)):
+            for seed in range(sweep.FINAL_SEED, sweep.FINAL_SEED + n):
+                r = _record(variant, 1e-3, seed, clips())
+                runs[r["name"]] = r
+        records = {"family": "speech", "best": {"softmax": {"lr": 1e-3}, "diff": {"lr": 1e-3}}, "runs": runs}
+        (tmp_path / "speech.json").write_text(json.dumps(records))
+        return plan.report_markdown(tmp_path, [cell], plan.headline(tmp_path, [cell]), tmp_path)
+
+    heading = "### Speech (`speech`): test voices resampled"
+    assert heading not in write(1)
+    assert heading not in write(cell.final_seeds - 1)
+    text = write(cell.final_seeds)
+    assert heading in text and f"| diff | {cell.final_seeds} ({cell.final_seeds}) |" in text
+    # the function itself, asked for one variant, leaves the others out; without the reference it has no rows
+    records = json.loads((tmp_path / "speech.json").read_text())
+    assert tables.speech_voice_stats(records, n_boot=200, variants={"softmax"})["rows"] == []
+    assert tables.speech_voice_stats(records, n_boot=200, variants={"diff"})["rows"] == []
+
+
 def test_records_write_each_curve_on_one_line() -> None:
     curves = {"val/top1": [[0, 0.5], [1, 0.75]], "train/grad_norm": [], "note": "x"}
     results = {"runs": {"a": {"seed": 0, "curves": curves, "test_clips": [["f1", 1.0, 2, 2]]}}}

@@ -589,7 +589,9 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
     if ablations.count("\n") > 1:  # more than the header
         parts.append("### Ablations: each against the variant it changes\n\n" + ablations)
     for cell in (c for c in cells if c.family == "speech" and c.lr_from is None):
-        voices = speech_voice_stats(load(records, cell))
+        record = load(records, cell)
+        complete = {r["variant"] for r in complete_final_runs(record, cell)[0]}
+        voices = speech_voice_stats(record, variants=complete)
         if voices["rows"]:
             parts.append(f"### Speech (`{cell.name}`): test voices resampled, and the gap against SNR\n\n"
                          + speech_voice_table(voices))

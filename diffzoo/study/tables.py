@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ..stats import cluster_bootstrap_diff, compare, holm, snr_interaction
@@ -227,7 +227,8 @@ def plateau_text(family: Family, runs: list[dict]) -> str:
             + f"over the last {100 * PLATEAU_TAIL:g} % of the steps): " + "; ".join(parts) + ".")
 
 
-def speech_voice_stats(records: dict, reference: str = "softmax", n_boot: int = 10_000, seed: int = 0) -> dict:
+def speech_voice_stats(records: dict, reference: str = "softmax", n_boot: int = 10_000, seed: int = 0,
+                       variants: Collection[str] | None = None) -> dict:
     """Per-clip statistics of a speech records file (a sweep's ``results.json``, loaded): every variant
     against ``reference`` by :func:`diffzoo.stats.cluster_bootstrap_diff` (test voices resampled as clusters,
     silence clips as their own stratum, seeds resampled within each variant) and
@@ -236,7 +237,9 @@ def speech_voice_stats(records: dict, reference: str = "softmax", n_boot: int = 
     The runs used are the final runs (seed >= 100, no knob) at each variant's best lr that carry
     ``test_clips`` (runs recorded before the sweep kept them have none and are skipped); runs whose clips
     (voice, SNR, label of each) differ from the reference's first run are left out and counted in
-    ``mismatched``. Accuracies and their differences are in the family's scale (percent for speech); SNR
+    ``mismatched``. With ``variants``, only the runs of those variants count (the study passes the ones that have
+    all their final seeds, so a variant's test scores are not shown half-way through them); without the
+    reference among them there are no rows. Accuracies and their differences are in the family's scale (percent for speech); SNR
     slopes are log-odds per dB. The interaction is None when the clips' SNR does not vary (a fixed-SNR run).
 
     Returns ``{"reference", "metric", "clips", "voices", "unclustered", "mismatched", "rows"}`` with one row per
@@ -246,7 +249,7 @@ def speech_voice_stats(records: dict, reference: str = "softmax", n_boot: int = 
     best = {v: b.get("lr") for v, b in (records.get("best") or {}).items()}
     runs = [r for r in (records.get("runs") or {}).values()
             if r.get("test_clips") and not r.get("knob") and r.get("seed", 0) >= 100 and best.get(r["variant"]) == r["lr"]
-            and not r.get("diverged") and not r.get("failed")]
+            and not r.get("diverged") and not r.get("failed") and (variants is None or r["variant"] in variants)]
     out: dict[str, Any] = {"reference": reference, "metric": "per-clip test correctness", "clips": 0, "voices": 0,
                            "unclustered": 0, "mismatched": 0, "rows": []}
     ref_runs = sorted((r for r in runs if r["variant"] == reference), key=lambda r: r["seed"])
