@@ -414,7 +414,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the cells the page's prose quotes: digits of its means (None: not quoted) and of its differences
     quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "speech-80ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2),
-              "clip": (2, 2), "clip (test/zs_top1)": (2, 2), "cluttered-120ep": (2, 2)}
+              "clip": (2, 2), "clip (test/zs_top1)": (2, 2), "cluttered-120ep": (2, 2),
+              "cluttered": (2, 2)}  # cluttered: every variant with all its final seeds, as they arrive
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -718,6 +719,11 @@ def test_readme_summary_is_what_the_records_give():
     assert check["diff"]["seeds"] == check["softmax"]["seeds"] == [0, 1, 2]
     gap = [f"{check['diff'][k] - check['softmax'][k]:+.2f}" for k in ("budget", "longer")]
     assert "V1's validation gap over three seeds shrank from {} to {} points".format(*gap) in words, gap
+    # cluttered at its final budget, 240 epochs: V1 against softmax as the README reads it
+    clut240 = next(r for r in result["cells"]["cluttered"]["rows"] if r["variant"] == "diff")["vs"]
+    said = "V1, with all 8 final seeds in, is {:+.2f} points of test top-1 from softmax [{:+.2f}, {:+.2f}], no difference found"
+    assert said.format(clut240["diff"], clut240["ci_low"], clut240["ci_high"]) in words
+    assert clut240["ci_low"] < 0 < clut240["ci_high"]
     vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r and r["variant"] in plan.MAIN}
     assert set(vit) == {"diff", "diff_v2_matched"}  # "both": the sentence reads V1 and V2, not the ablations
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
