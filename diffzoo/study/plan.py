@@ -418,7 +418,7 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
                 out["earlier"].append(cell.name)
             if rec.get("runs"):
                 out.setdefault("running", {})[cell.name] = (
-                    f"running: {len(rec['runs'])} runs recorded, {recorded} of "
+                    f"running: {len(rec['runs'])} run{'s' * (len(rec['runs']) != 1)} recorded, {recorded} of "
                     f"{cell.final_seeds * len([v for v in cell.variants if v in MAIN])} main final runs")
             continue
         seconds = sum(r.get("seconds", 0.0) for r in rec["runs"].values())
