@@ -417,8 +417,9 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
             if cell.superseded_by is not None:
                 out["earlier"].append(cell.name)
             if rec.get("runs"):
+                n = len(rec["runs"])
                 out.setdefault("running", {})[cell.name] = (
-                    f"running: {len(rec['runs'])} run{'s' * (len(rec['runs']) != 1)} recorded, {recorded} of "
+                    f"running: {n} {'run' if n == 1 else 'runs'} recorded, {recorded} of "
                     f"{cell.final_seeds * len([v for v in cell.variants if v in MAIN])} main final runs")
             continue
         seconds = sum(r.get("seconds", 0.0) for r in rec["runs"].values())
