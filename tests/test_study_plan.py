@@ -415,7 +415,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     quoted = {"vit-40ep": (2, 2), "vit": (2, 2), "cluttered-30ep": (2, 2), "speech-40ep": (2, 2), "speech-80ep": (2, 2), "mqar": (None, 1), "lm-2k": (3, 3), "lm": (3, 3), "clip-40ep": (2, 2),
               "clip-40ep (test/zs_top1)": (2, 2), "clip-80ep": (2, 2), "clip-80ep (test/zs_top1)": (2, 2),
               "clip": (2, 2), "clip (test/zs_top1)": (2, 2), "cluttered-120ep": (2, 2),
-              "cluttered": (2, 2)}  # cluttered: every variant with all its final seeds, as they arrive
+              "cluttered": (2, 2), "speech": (2, 2)}  # cluttered, speech: each variant once all its final seeds are in
     result = plan.headline(root / plan.RECORDS, plan.CELLS)  # the whole study: its Holm is what the page says
     for name, (mean_digits, digits) in quoted.items():
         cell = result["cells"][name]
@@ -645,7 +645,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     family = {f"{x['p_holm_study']:.3f}" for name, c in result["cells"].items() if c and name not in result["earlier"]
               for x in c["rows"] + c.get("ablations", []) if x.get("p_holm_study") is not None}
     sizes = re.findall(r"study's Holm[^.]*?\((?:(\d\.\d{3}) over )?(\d+) comparisons\)", page)
-    assert len(sizes) == 2, sizes  # MQAR's ablations, ViT's constant lambda_init
+    assert len(sizes) == 3, sizes  # speech V1 at 160 epochs, MQAR's ablations, ViT's constant lambda_init
     # speech at 80 epochs, now an earlier budget: V2's Holm over that table's rows
     speech_v2 = next(r for r in result["cells"]["speech-80ep"]["rows"] if r["variant"] == "diff_v2_matched")
     assert f"over the earlier-budget rows ({speech_v2['p_holm_study']:.3f};" in page
@@ -724,6 +724,13 @@ def test_readme_summary_is_what_the_records_give():
     said = "V1, with all 8 final seeds in, is {:+.2f} points of test top-1 from softmax [{:+.2f}, {:+.2f}], no difference found"
     assert said.format(clut240["diff"], clut240["ci_low"], clut240["ci_high"]) in words
     assert clut240["ci_low"] < 0 < clut240["ci_high"]
+    # speech at its final budget, 160 epochs: V1's interval excludes zero, its study Holm does not, as the README says
+    speech = next(r for r in result["cells"]["speech"]["rows"] if r["variant"] == "diff")
+    said = ("there V1, with all 8 final seeds in, is {:+.2f} points of test top-1 from softmax [{:+.2f}, {:+.2f}] "
+            "(Holm {:.3f} over the study's {} comparisons;")
+    c = speech["vs"]
+    assert said.format(c["diff"], c["ci_low"], c["ci_high"], speech["p_holm_study"], result["comparisons"]) in words
+    assert c["ci_high"] < 0 and speech["p_holm_study"] >= 0.05
     vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r and r["variant"] in plan.MAIN}
     assert set(vit) == {"diff", "diff_v2_matched"}  # "both": the sentence reads V1 and V2, not the ablations
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
