@@ -642,6 +642,7 @@ def deadline_reset():
     yield
     runs.finish_by(None)
     runs._FINISHING.clear()
+    runs._TOLD_TO_FINISH.clear()
 
 
 def test_finish_by_starts_no_run_that_would_end_after_it(tmp_path, monkeypatch, capsys, deadline_reset):
@@ -706,3 +707,43 @@ def test_finish_by_ends_the_study_command_with_a_message_not_a_traceback(monkeyp
     said = str(ended.value)
     assert said.startswith("diff_lr0.002_seed100 takes about 60 min") and "after --finish-by" in said
     assert "finished the trainings that were running (recorded)" in said
+
+
+def test_finish_by_goes_on_to_the_cells_after_one_that_stopped(tmp_path, monkeypatch, capsys, deadline_reset):
+    """With 30 minutes left, a cell whose next run takes an hour stops; of the cells after it, its budget check
+    (which needs its best lrs) and a cell whose run length nothing recorded can tell are not started, and two
+    cells of short runs train. A SIGUSR1 during a cell ends the command there: no cell after it starts."""
+    from diffzoo.study import plan, runs, sweep
+
+    minutes = {"cluttered": 60.0, "cluttered-2x": 1.0, "vit-l": None, "needle": 1.0, "clip-2x": 1.0}
+    trained, told = [], []
+
+    def fake_sweep(argv):  # one run per cell, held to the limit as the sweep holds each of its runs
+        name = argv[0]
+        if name in told:
+            runs.finish_trainings(10, None)
+        runs.check_time_left(None if minutes[name] is None else 60 * minutes[name], f"{name}'s next run")
+        if runs._FINISHING.is_set():  # as runs.train refuses to start a training then
+            raise runs.Finishing("the study was told to finish")
+        trained.append(name)
+
+    monkeypatch.setattr(sweep, "main", fake_sweep)
+    monkeypatch.setattr(plan, "cell_sweeps", lambda cell, *a: [[cell.name]])
+    monkeypatch.setattr(plan, "adopt_runs", lambda *a: 0)
+    monkeypatch.setattr(plan, "_seconds_per_run",
+                        lambda records, cell: None if minutes[cell.name] is None else 60 * minutes[cell.name])
+    argv = ["run", "--cells", *minutes, "--finish-by", "30m", "--records", str(tmp_path)]
+    with pytest.raises(runs.Finishing, match="cells left for later by --finish-by: cluttered, cluttered-2x$"):
+        plan.main(argv)
+    assert trained == ["needle", "clip-2x"]
+    out = capsys.readouterr().out
+    assert "== cell cluttered stopped after" in out and "cluttered's next run takes about 60 min" in out
+    assert "== cell cluttered-2x: not started, it needs cell cluttered" in out
+    assert "== cell vit-l: not started after a --finish-by stop" in out
+
+    trained.clear()
+    told.append("needle")  # SIGUSR1 arrives while needle trains: finishing, not a limit
+    with pytest.raises(runs.Finishing, match="^the study was told to finish$"):
+        plan.main(argv)
+    assert trained == [] and "== cell clip-2x" not in capsys.readouterr().out
+

@@ -7,7 +7,7 @@ lands on an edge). Each cell is a :mod:`diffzoo.study.sweep` whose records file 
 already recorded are never trained again, and a run killed half-way is simply trained again. To end a
 session, ``kill -USR1 <pid>``: the runs in flight finish and are recorded, no other starts (``kill <pid>``
 stops at once and drops them); or say when it must end, ``--finish-by 18:30``, and no run starts that its
-records say would not end by then.
+records say would not end by then (the cells after one that stopped are tried in turn: their runs may be shorter).
 
     OMP_NUM_THREADS=1 python -m recipes.study run --jobs 2            # every cell, in order; resumable
     OMP_NUM_THREADS=1 python -m recipes.study run --cells mqar lm     # some cells
@@ -41,7 +41,16 @@ from ..stats import compare, holm
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
-from .runs import FINAL_SEED, FINISH_BY_HELP, RecordsBusy, finish_by, parse_finish_by, records_lock
+from .runs import (
+    FINAL_SEED,
+    FINISH_BY_HELP,
+    Finishing,
+    RecordsBusy,
+    carry_on_after_finish_by,
+    finish_by,
+    parse_finish_by,
+    records_lock,
+)
 from .sweep import write_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
@@ -993,7 +1002,9 @@ def main(argv: list[str] | None = None) -> None:
                         "call on the same records)")
     p.add_argument("--finish-by", default=None, metavar="WHEN",
                    help="run: " + FINISH_BY_HELP + "; a cell with no runs yet is judged by the mean run of a cell of "
-                        "the same family and size")
+                        "the same family and size; a cell whose next run would end too late stops there and the "
+                        "cells after it are tried in turn, save those that need it and those whose run length "
+                        "nothing recorded can tell")
     p.add_argument("--page", type=Path, default=None,
                    help=f"report: also write the headline table into this markdown page, between its lines "
                         f"{PAGE_START} and {PAGE_END} (the study's page: docs/results.md; default: none)")
@@ -1020,21 +1031,40 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "run":
         from .sweep import main as sweep
 
+        stopped: list[str] = []  # cells whose next run would have ended after --finish-by
         for cell in cells:
             start = time.time()
+            per_run = None if args.quick else _seconds_per_run(args.records, cell)
+            if stopped and (waits := [c for c in (cell.lr_from, cell.runs_from) if c in stopped]):
+                print(f"== cell {cell.name}: not started, it needs cell {waits[0]}, which stopped for --finish-by",
+                      flush=True)
+                stopped.append(cell.name)
+                continue
+            if stopped and per_run is None:  # a run of unknown length might be cut short at the limit
+                print(f"== cell {cell.name}: not started after a --finish-by stop, as nothing like its runs is "
+                      "recorded to say how long one takes", flush=True)
+                continue
             print(f"== cell {cell.name}", flush=True)
             try:  # held from the adoption to the cell's last run: no other process writes these records meanwhile
                 with records_lock(args.records / f"{cell.name}.json"):
                     if not args.quick and (adopted := adopt_runs(args.records, cell)):
                         print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records",
                               flush=True)
-                    per_run = None if args.quick else _seconds_per_run(args.records, cell)
                     guess = [] if per_run is None else ["--run-minutes", f"{per_run / 60:.2f}"]  # for --finish-by
                     for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
                         sweep([*argv, *guess])
             except RecordsBusy as e:
                 raise SystemExit(f"cell {cell.name}: {e}") from None
+            except Finishing as e:  # its trainings in flight have finished and are recorded
+                if not carry_on_after_finish_by():  # told to finish (SIGUSR1): nothing more starts
+                    raise
+                print(f"== cell {cell.name} stopped after {time.time() - start:.0f} s: {e}; the cells after it "
+                      "may still have a run that ends in time", flush=True)
+                stopped.append(cell.name)
+                continue
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
+        if stopped:
+            raise Finishing(f"cells left for later by --finish-by: {', '.join(stopped)}")
     elif args.command == "status":
         print("\n".join(status_lines(args.records, cells)))
     elif args.command == "verify":

@@ -248,6 +248,7 @@ _LIVE: set[subprocess.Popen] = set()  # training processes now running (stopped 
 _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()  # set by stop_trainings: no training starts after it
 _FINISHING = threading.Event()  # set by finish_trainings: the trainings running finish, no other starts
+_TOLD_TO_FINISH = threading.Event()  # set by SIGUSR1 alone: unlike a --finish-by stop, nothing starts again after it
 _DEADLINE: list[float] = []  # set by finish_by: no training starts that would end after this Unix time
 FINISH_BY_HELP = ("start no training that would end after WHEN (18:30, 2026-12-01T18:30, or 90m / 2h from now), "
                   "judged by the longest recorded run like it; the runs in flight finish and are recorded, as on "
@@ -309,8 +310,20 @@ def finish_trainings(signum: int, frame: object) -> None:
     """Signal handler (SIGUSR1): the trainings now running go on to their end and are recorded as usual, none
     starts after them, and the command then exits (:func:`main_with_signals`). The way to end a session of the
     study without throwing away the hours its runs in flight have already trained."""
+    _TOLD_TO_FINISH.set()
     _FINISHING.set()
     os.write(2, f"signal {signum}: finishing the trainings now running, starting no more\n".encode())
+
+
+def carry_on_after_finish_by() -> bool:
+    """After a :class:`Finishing` (the trainings that were running have finished and are recorded): whether other,
+    shorter trainings may still start, each held to the ``--finish-by`` limit as before. True (and trainings may
+    start again) when a ``--finish-by`` limit is set and the study was neither told to finish (SIGUSR1) nor to stop
+    meanwhile; False otherwise, and nothing more starts."""
+    if not _DEADLINE or _TOLD_TO_FINISH.is_set() or _STOPPING.is_set():
+        return False
+    _FINISHING.clear()
+    return True
 
 
 def parse_finish_by(text: str, now: datetime.datetime | None = None) -> datetime.datetime:
