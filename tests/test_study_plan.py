@@ -523,6 +523,19 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     gaps = [g["diff"] for g in by["diff_v2_matched"]["interaction"]["gap_by_bin"]]
     assert gaps[0] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in page  # "smallest where the noise is worst"
     assert by["diff_v2_matched"]["bootstrap"]["ci_low"] < 0 < by["diff_v2_matched"]["bootstrap"]["ci_high"]
+    # ... and at 160 epochs, V1 (the variants with all their final seeds): the voice-resampled interval includes
+    # zero, V1's slope is lower than softmax's, and its gap is largest in the cleanest third
+    cell = next(c for c in plan.CELLS if c.name == "speech")
+    record = plan.load(root / plan.RECORDS, cell)
+    by = {r["variant"]: r for r in tables.speech_voice_stats(
+        record, variants={r["variant"] for r in plan.complete_final_runs(record, cell)[0]})["rows"]}
+    b, i = by["diff"]["bootstrap"], by["diff"]["interaction"]
+    assert f"({b['diff']:+.2f} [{b['ci_low']:+.2f}, {b['ci_high']:+.2f}], p boot {b['p']:.3f};" in page
+    assert b["ci_low"] < 0 < b["ci_high"]  # "the interval includes zero"
+    assert f"({i['diff']:+.4f} [{i['ci_low']:+.4f}, {i['ci_high']:+.4f}], permutation p {i['p_perm']:.3f}" in page
+    assert i["ci_high"] < 0  # "V1's logit slope per dB of SNR is lower than softmax's"
+    gaps = [g["diff"] for g in i["gap_by_bin"]]
+    assert gaps[-1] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in page  # cleanest third
     def size_cell(name: str, digits: int, unit: str) -> list[dict]:
         """A size cell's final runs, after checking the prose's means ± sd, Welch intervals and exact permutation
         p (as the study's tables compute them) against them."""
