@@ -739,7 +739,7 @@ def test_readme_summary_is_what_the_records_give():
     assert clut240["ci_low"] < 0 < clut240["ci_high"]
     # speech at its final budget, 160 epochs: V1's interval excludes zero, its study Holm does not, as the README says
     speech = next(r for r in result["cells"]["speech"]["rows"] if r["variant"] == "diff")
-    said = ("there V1, with all 8 final seeds in, is {:+.2f} points of test top-1 from softmax [{:+.2f}, {:+.2f}] "
+    said = ("There V1, with all 8 final seeds in, is {:+.2f} points of test top-1 from softmax [{:+.2f}, {:+.2f}] "
             "(Holm {:.3f} over the study's {} comparisons;")
     c = speech["vs"]
     assert said.format(c["diff"], c["ci_low"], c["ci_high"], speech["p_holm_study"], result["comparisons"]) in words
