@@ -1034,13 +1034,12 @@ def main(argv: list[str] | None = None) -> None:
         stopped: list[str] = []  # cells whose next run would have ended after --finish-by
         for cell in cells:
             start = time.time()
-            per_run = None if args.quick else _seconds_per_run(args.records, cell)
             if stopped and (waits := [c for c in (cell.lr_from, cell.runs_from) if c in stopped]):
                 print(f"== cell {cell.name}: not started, it needs cell {waits[0]}, which stopped for --finish-by",
                       flush=True)
                 stopped.append(cell.name)
                 continue
-            if stopped and per_run is None:  # a run of unknown length might be cut short at the limit
+            if stopped and not args.quick and _seconds_per_run(args.records, cell) is None:  # might be cut short
                 print(f"== cell {cell.name}: not started after a --finish-by stop, as nothing like its runs is "
                       "recorded to say how long one takes", flush=True)
                 continue
@@ -1050,6 +1049,7 @@ def main(argv: list[str] | None = None) -> None:
                     if not args.quick and (adopted := adopt_runs(args.records, cell)):
                         print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records",
                               flush=True)
+                    per_run = None if args.quick else _seconds_per_run(args.records, cell)
                     guess = [] if per_run is None else ["--run-minutes", f"{per_run / 60:.2f}"]  # for --finish-by
                     for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
                         sweep([*argv, *guess])
