@@ -746,4 +746,3 @@ def test_finish_by_goes_on_to_the_cells_after_one_that_stopped(tmp_path, monkeyp
     with pytest.raises(runs.Finishing, match="^the study was told to finish$"):
         plan.main(argv)
     assert trained == [] and "== cell clip-2x" not in capsys.readouterr().out
-

@@ -582,6 +582,13 @@ def summary_block(result: dict) -> str:
     return "\n".join(lines) + "\n\n" + tail
 
 
+def cell_voice_stats(records: Path, cell: Cell) -> dict:
+    """:func:`~diffzoo.study.tables.speech_voice_stats` of a speech cell, over the variants that have all their
+    final seeds (the headline's rule: no variant's test scores are shown half-way through them)."""
+    record = load(records, cell)
+    return speech_voice_stats(record, variants={r["variant"] for r in complete_final_runs(record, cell)[0]})
+
+
 def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: Path) -> str:
     """The whole report as markdown, for a file in ``folder`` (its links to the plots in ``records`` are
     relative to it): the headline table, the final seeds' plot, the ablations, speech's voice-level
@@ -599,9 +606,7 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
     if ablations.count("\n") > 1:  # more than the header
         parts.append("### Ablations: each against the variant it changes\n\n" + ablations)
     for cell in (c for c in cells if c.family == "speech" and c.lr_from is None):
-        record = load(records, cell)
-        complete = {r["variant"] for r in complete_final_runs(record, cell)[0]}
-        voices = speech_voice_stats(record, variants=complete)
+        voices = cell_voice_stats(records, cell)
         if voices["rows"]:
             parts.append(f"### Speech (`{cell.name}`): test voices resampled, and the gap against SNR\n\n"
                          + speech_voice_table(voices))

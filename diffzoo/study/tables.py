@@ -240,7 +240,8 @@ def speech_voice_stats(records: dict, reference: str = "softmax", n_boot: int = 
     ``mismatched``. With ``variants``, only the runs of those variants count (the study passes the ones that have
     all their final seeds, so a variant's test scores are not shown half-way through them); without the
     reference among them there are no rows. Accuracies and their differences are in the family's scale (percent
-    for speech); SNR slopes are log-odds per dB. The interaction is None when the clips' SNR does not vary (a fixed-SNR run).
+    for speech); SNR slopes are log-odds per dB. The interaction is None when the clips' SNR does not vary (a
+    fixed-SNR run).
 
     Returns ``{"reference", "metric", "clips", "voices", "unclustered", "mismatched", "rows"}`` with one row per
     other variant: ``{"variant", "n", "n_reference", "bootstrap", "interaction"}``.
