@@ -205,6 +205,30 @@ def test_status_says_how_long_a_started_cell_has_left(tmp_path):
     assert f"({72 - 9} runs; 6.0 min a run so far)" in plan.status_lines(tmp_path, [cell])[0]
 
 
+def test_status_estimates_the_final_runs_left_per_variant(tmp_path):
+    """With every variant's lr chosen, what is left is final seeds of known variants: each is timed by its own
+    variant's final runs (the latest, on the machine as it is now), else by its grid runs, not by the cell's mean."""
+    cell = next(c for c in plan.CELLS if c.name == "speech")
+    runs = {}
+    for v, grid_secs, final_secs, finals in (("softmax", 600.0, 700.0, cell.final_seeds),
+                                            ("diff", 900.0, 1200.0, cell.final_seeds - 3),
+                                            ("diff_v2_matched", 1500.0, None, 0)):
+        for i in range(3):
+            runs[f"{v}_grid{i}"] = {"variant": v, "lr": 1e-3, "seed": i, "seconds": grid_secs}
+        for i in range(finals):
+            runs[f"{v}_final{i}"] = {"variant": v, "lr": 2e-3, "seed": plan.FINAL_SEED + i, "seconds": final_secs}
+    best = {v: {"lr": 2e-3} for v in cell.variants}
+    (tmp_path / "speech.json").write_text(json.dumps({"runs": runs, "best": best}))
+    line, total = plan.status_lines(tmp_path, [cell])
+    hours = (3 * 1200 + cell.final_seeds * 1500) / 3600
+    assert f"about {hours:.1f} hours left ({3 + cell.final_seeds} final runs: diff 3 x 20.0 min, " \
+           f"diff_v2_matched {cell.final_seeds} x 25.0 min so far)" in line
+    assert total.startswith(f"left in all: about {hours:.1f} CPU-thread hours")
+    del best["diff_v2_matched"]  # a variant's grid still open: the cell's mean, as before
+    (tmp_path / "speech.json").write_text(json.dumps({"runs": runs, "best": best}))
+    assert "min a run so far)" in plan.status_lines(tmp_path, [cell])[0]
+
+
 def test_status_estimates_an_unstarted_cell_from_one_of_the_same_size(tmp_path):
     """An unstarted cell takes its time per run from a cell of the same family and size, scaled by the epochs; a
     model size with no runs anywhere gets no estimate, and the total says so."""

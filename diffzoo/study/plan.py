@@ -364,10 +364,34 @@ def _seconds_per_run(records: Path, cell: Cell) -> float | None:
     return None
 
 
+def _final_seconds_left(record: dict, cell: Cell) -> dict[str, tuple[int, float]] | None:
+    """Once a cell's grid has chosen every variant's lr (only final seeds left), the final runs each variant still
+    needs and how long one of its runs takes: the mean of its final runs so far, else of its grid runs (variants
+    differ in cost, and the final runs are the latest, so they also carry the machine's current speed). None while
+    the grid is still running, or for a budget check."""
+    best = record.get("best") or {}
+    if cell.epochs_factor is not None or any(v not in best for v in cell.variants):
+        return None
+    runs = [r for r in (record.get("runs") or {}).values() if not r.get("failed") and not r.get("knob")]
+    final = final_runs(record)
+    left = {}
+    for v in cell.variants:
+        missing = cell.final_seeds - sum(1 for r in final if r["variant"] == v)
+        if missing <= 0:
+            continue
+        secs = [r.get("seconds", 0.0) for r in final if r["variant"] == v] or \
+            [r.get("seconds", 0.0) for r in runs if r["variant"] == v]
+        if not secs:
+            return None
+        left[v] = (missing, statistics.mean(secs))
+    return left
+
+
 def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
     """One line per cell (runs recorded, hours so far, about how long the rest takes), then the total left: the
     estimate of a cell comes from its own runs so far, else from a cell of the same family and size (its runs'
-    mean time scaled by the epochs), and counts the planned runs (with the grid extensions recorded so far)."""
+    mean time scaled by the epochs), and counts the planned runs (with the grid extensions recorded so far); a cell
+    with only final seeds left is estimated per variant from that variant's own runs."""
     lines = []
     total, unknown = 0.0, []
     width = max((len(c.name) for c in cells), default=0)
@@ -382,8 +406,15 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         planned = planned_runs(cell, rec)
         left = max(planned - len(runs) - len(_adoptable(records, cell)[2]), 0)  # runs another cell trained count
         per_run = None if rec.get("quick") else _seconds_per_run(records, cell)
+        by_variant = None if rec.get("quick") or done else _final_seconds_left(rec, cell)
         if done:
             tail = " - done"
+        elif by_variant:
+            seconds = sum(n * secs for n, secs in by_variant.values())
+            total += seconds / 3600
+            each = ", ".join(f"{v} {n} x {secs / 60:.1f} min" for v, (n, secs) in by_variant.items())
+            tail = f", about {seconds / 3600:.1f} hours left ({sum(n for n, _ in by_variant.values())} final runs: {each}" \
+                   " so far)"
         elif left and per_run is not None:
             total += left * per_run / 3600
             source = "so far" if runs else "estimated from a cell of the same size"
