@@ -405,8 +405,9 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
             final >= cell.final_seeds * len(cell.variants)
         planned = planned_runs(cell, rec)
         left = max(planned - len(runs) - len(_adoptable(records, cell)[2]), 0)  # runs another cell trained count
-        per_run = None if rec.get("quick") else _seconds_per_run(records, cell)
         by_variant = None if rec.get("quick") or done else _final_seconds_left(rec, cell)
+        # the cell's mean run (which reads the records again) only where the per-variant estimate does not apply
+        per_run = None if rec.get("quick") or by_variant else _seconds_per_run(records, cell)
         if done:
             tail = " - done"
         elif by_variant:
