@@ -1,4 +1,5 @@
-"""Helpers shared by the test modules: ``from conftest import rel_err`` (tests/ is on sys.path)."""
+"""Helpers shared by the test modules: ``from conftest import rel_err`` (tests/ is on sys.path), and their
+shared fixtures."""
 
 from __future__ import annotations
 
@@ -66,3 +67,14 @@ def run_module_in_interpreter(module_file: str, markexpr: str = "not slow") -> N
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout
+
+
+@pytest.fixture
+def deadline_reset():
+    """--finish-by and its finishing state are process-wide: cleared after the test, whatever happens."""
+    from diffzoo.study import runs
+
+    yield
+    runs.finish_by(None)
+    runs._FINISHING.clear()
+    runs._TOLD_TO_FINISH.clear()

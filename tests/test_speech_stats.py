@@ -181,7 +181,7 @@ def test_interaction_needs_a_varying_snr_and_handles_perfect_runs() -> None:
 # -- the study records ------------------------------------------------------------------------------
 def _fake_training(clips_rows: list[list]):
     """A stand-in for ``runs.train`` that leaves a finished run folder (summary, metrics, test_clips.csv)."""
-    def train(command: list[str], log: Path, append: bool = False) -> float:
+    def train(command: list[str], log: Path, append: bool = False, until: float | None = None) -> float:
         folder = Path(command[command.index("--trainer.logger.init_args.save_dir") + 1])
         name = command[command.index("--trainer.logger.init_args.name") + 1]
         run = folder / name / "version_0"

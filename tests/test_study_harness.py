@@ -298,7 +298,7 @@ def test_mqar_queries_scores_a_run_query_by_query(tmp_path, capsys):
 # -- sweep pipeline --------------------------------------------------------------------------------
 def _fake_run(values):
     """A stand-in for one training: val metric from ``values[(variant, lr)]`` plus the seed."""
-    def run(family, out, variant, lr, seed, quick, extra, knob=None):
+    def run(family, out, variant, lr, seed, quick, extra, knob=None, until=None):
         from diffzoo.study.families import run_name
 
         base = values[(variant, lr)] + (float(knob[1]) / 100 if knob else 0.0)
@@ -356,7 +356,7 @@ def test_a_crashed_run_is_trained_again_and_a_stopped_one_is_never_recorded(tmp_
     crashes = {"softmax_lr0.001_seed1"}
     trained = []
 
-    def fake_train(command, log, append=False):
+    def fake_train(command, log, append=False, until=None):
         name = command[command.index("--trainer.logger.init_args.name") + 1]
         trained.append(name)
         if name in crashes:
@@ -632,17 +632,6 @@ def test_expected_seconds_takes_the_longest_run_most_like_the_next_one():
     assert expected_seconds(cache, "diff_v2_matched", 1e-3) == pytest.approx(990.0)  # any run of these records
     assert expected_seconds({}, "softmax", 1e-3, fallback=60.0) == 60.0
     assert expected_seconds({}, "softmax", 1e-3) is None
-
-
-@pytest.fixture
-def deadline_reset():
-    """--finish-by and its finishing state are process-wide: cleared after the test, whatever happens."""
-    from diffzoo.study import runs
-
-    yield
-    runs.finish_by(None)
-    runs._FINISHING.clear()
-    runs._TOLD_TO_FINISH.clear()
 
 
 def test_finish_by_starts_no_run_that_would_end_after_it(tmp_path, monkeypatch, capsys, deadline_reset):

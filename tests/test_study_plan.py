@@ -70,7 +70,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
 
 
 def _fake(values, calls):
-    def run(family, out, variant, lr, seed, quick, extra, knob=None):
+    def run(family, out, variant, lr, seed, quick, extra, knob=None, until=None):
         calls.append((variant, lr, seed))
         v = values(variant, lr) + 0.001 * seed
         metrics = {family.val_metric: v, family.test_metric: v - 0.05}

@@ -62,7 +62,7 @@ STAMP = {"commit": "c" * 40, "changed": [], "torch": "2.11.0", "lightning": "2.6
 def _stopping_train(out: Path, stop: set[str], calls: list, state: dict):
     """A stand-in for ``train``: a run named in ``stop`` saves an interrupted checkpoint and metrics the way a
     recipe does on SIGTERM, while the study is stopping, and fails; any other run finishes in 2 s."""
-    def train(command, log, append=False):
+    def train(command, log, append=False, until=None):
         name = command[command.index("--trainer.logger.init_args.name") + 1]
         ckpt = command[command.index("--ckpt_path") + 1] if "--ckpt_path" in command else None
         calls.append((name, ckpt, append))
@@ -217,3 +217,109 @@ def test_a_study_stopped_by_sigterm_records_the_same_run_as_an_uninterrupted_one
     norms_a, norms_b = a["curves"]["train/grad_norm"], b["curves"]["train/grad_norm"]
     assert all(point in norms_a for point in norms_b) and len(norms_b) >= len(norms_a) - 10
     assert not list((stopped / "runs").glob("*.stopped.json"))
+
+
+_TRAINING = """import pathlib, signal, sys, time
+saved, code, seconds = pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def stop(signum, frame):  # as a recipe does on SIGTERM: save, then exit
+    saved.write_text("checkpoint")
+    sys.exit(code)
+signal.signal(signal.SIGTERM, stop if code >= 0 else signal.SIG_IGN)
+time.sleep(seconds)
+"""
+
+
+def test_train_pauses_a_training_still_running_at_its_until_time(tmp_path, deadline_reset):
+    """Real processes: a training still running at ``until`` gets SIGTERM, saves and exits, and ``train`` raises
+    Paused (and lets nothing start after it); one that ends before ``until``, or exits cleanly on that SIGTERM (it
+    had just finished), is a finished training; one that ignores SIGTERM is killed after the grace time."""
+    from diffzoo.study import runs
+
+    script = tmp_path / "training.py"
+    script.write_text(_TRAINING)
+
+    def command(code: int, seconds: float) -> list[str]:
+        return [sys.executable, str(script), str(tmp_path / "saved"), str(code), str(seconds)]
+
+    start = time.time()
+    with pytest.raises(runs.Paused, match=r"^paused paused at --finish-by \d\d:\d\d after \d+ s; the next call"):
+        runs.train(command(1, 60), tmp_path / "paused.log", until=time.time() + 1.5)
+    assert 1.4 < time.time() - start < 30 and (tmp_path / "saved").read_text() == "checkpoint"
+    assert runs._FINISHING.is_set() and not runs._LIVE
+    runs._FINISHING.clear()
+
+    (tmp_path / "saved").unlink()
+    assert runs.train(command(1, 0.1), tmp_path / "quick.log", until=time.time() + 60) < 30
+    assert not (tmp_path / "saved").exists() and not runs._FINISHING.is_set()
+    assert runs.train(command(0, 60), tmp_path / "ended.log", until=time.time() + 1.5) < 30
+    assert (tmp_path / "saved").is_file()
+
+    proc = subprocess.Popen(command(-1, 60))
+    time.sleep(0.5)  # its handler set
+    proc.terminate()
+    start = time.time()
+    runs._wait_ended(proc, grace=1.0)
+    assert proc.returncode == -signal.SIGKILL and time.time() - start < 30
+
+
+def _pausing_train(out: Path, calls: list):
+    """A stand-in for ``train``: the first run it is given pauses at its ``until`` (saving an interrupted
+    checkpoint and metrics as a recipe does on SIGTERM, then Paused); any other finishes in 2 s. Like ``train``,
+    it starts nothing once the study is finishing."""
+    from diffzoo.study import runs
+
+    def train(command, log, append=False, until=None):
+        if runs._FINISHING.is_set():
+            raise runs.Finishing("the study was told to finish")
+        name = command[command.index("--trainer.logger.init_args.name") + 1]
+        ckpt = command[command.index("--ckpt_path") + 1] if "--ckpt_path" in command else None
+        calls.append((name, ckpt, append, until))
+        if len(calls) == 1:
+            version = out / "runs" / name / "version_0"
+            (version / "checkpoints").mkdir(parents=True)
+            (version / "checkpoints" / "interrupted.ckpt").write_bytes(b"weights")
+            (version / "metrics.csv").write_text("epoch,step\n0,1\n")
+            runs._FINISHING.set()
+            raise runs.Paused(f"{name} paused at --finish-by")
+        return 2.0
+    return train
+
+
+def test_finish_by_pauses_a_run_that_resumes_and_the_next_call_goes_on_from_it(tmp_path, monkeypatch, fake_study,
+                                                                               deadline_reset):
+    """With 10 minutes left, an LM run (a family that resumes exactly) of unknown or any length starts with the
+    limit as its pause time; paused there, it is noted, not recorded, nothing starts after it, and the next call
+    goes on from its checkpoint. With less than 5 minutes left it does not start. A cluttered run (whose resume is
+    not exact) gets no pause time and is held to the limit by its length, as before."""
+    import datetime as dt
+
+    from diffzoo.study import runs
+
+    out, calls = tmp_path / "sw", []
+    monkeypatch.setattr(sweep, "train", _pausing_train(out, calls))
+    in_10_min = dt.datetime.now() + dt.timedelta(minutes=10)
+    with pytest.raises(runs.Paused, match="softmax_lr0.001_seed0 paused at --finish-by"):
+        sweep.main([*_argv(out), "--finish-by", in_10_min.isoformat(timespec="seconds"), "--run-minutes", "60"])
+    assert len(calls) == 1 and calls[0][:3] == ("softmax_lr0.001_seed0", None, False)
+    assert calls[0][3] == pytest.approx(in_10_min.replace(microsecond=0).timestamp())
+    held = json.loads((out / "runs" / "softmax_lr0.001_seed0.stopped.json").read_text())
+    assert held["checkpoint"].endswith("version_0/checkpoints/interrupted.ckpt") and len(held["seconds"]) == 1
+    assert not (out / "results.json").is_file()  # nothing finished: no records
+
+    runs.finish_by(None)
+    runs._FINISHING.clear()
+    res = sweep.main(_argv(out))
+    assert calls[1:] == [("softmax_lr0.001_seed0", held["checkpoint"], True, None),
+                         ("softmax_lr0.001_seed1", None, False, None)]
+    assert res["runs"]["softmax_lr0.001_seed0"]["attempts"] == 2
+
+    calls.clear()
+    with pytest.raises(runs.Finishing, match=r"softmax_lr0.001_seed0: less than 5 min left before --finish-by"):
+        sweep.main([*_argv(tmp_path / "late"), "--finish-by", "4m"])
+    assert calls == []
+
+    runs.finish_by(None)
+    runs._FINISHING.clear()
+    calls.append("the first call pauses: not this one")
+    sweep.main([*_argv(tmp_path / "cl", "cluttered"), "--seeds", "1", "--finish-by", "10m", "--run-minutes", "1"])
+    assert calls[1:] == [("softmax_lr0.001_seed0", None, False, None)]

@@ -4,15 +4,17 @@ A cell is one family at one size with the variants it compares and the starting 
 (:func:`~diffzoo.study.recipe.lr_grid`: 5 points in factor-2 steps; the sweep extends it where the best lr
 lands on an edge). Each cell is a :mod:`diffzoo.study.sweep` whose records file lives in the repository
 (:data:`RECORDS`), so a later session, or another machine, continues where the last one stopped: runs
-already recorded are never trained again, and a run killed half-way is simply trained again. To end a
-session, ``kill -USR1 <pid>``: the runs in flight finish and are recorded, no other starts (``kill <pid>``
-stops at once and drops them); or say when it must end, ``--finish-by 18:30``, and no run starts that its
-records say would not end by then (the cells after one that stopped are tried in turn: their runs may be shorter).
+already recorded are never trained again. To end a session, ``kill -USR1 <pid>``: the runs in flight finish
+and are recorded, no other starts; ``kill <pid>`` stops them at once, and the next call goes on with each from the
+checkpoint it saved where the family resumes exactly (else trains it again). Or say when it must end,
+``--finish-by 18:30``: no run starts that its records say would not end by then, except in the families that
+resume exactly, whose runs pause at that time and go on next call (the cells after one that stopped are tried in
+turn: their runs may be shorter).
 
     OMP_NUM_THREADS=1 python -m recipes.study run --jobs 2            # every cell, in order; resumable
     OMP_NUM_THREADS=1 python -m recipes.study run --cells mqar lm     # some cells
     OMP_NUM_THREADS=1 python -m recipes.study run --main-only         # the three main variants first
-    OMP_NUM_THREADS=1 python -m recipes.study run --finish-by 4h      # a session of 4 hours, no run cut short
+    OMP_NUM_THREADS=1 python -m recipes.study run --finish-by 4h      # a session of 4 hours
     python -m recipes.study status                                    # runs recorded per cell
     python -m recipes.study report                                    # the headline table and its plots
     python -m recipes.study report --page docs/results.md             # ... and the table into the results page

@@ -252,16 +252,26 @@ _TOLD_TO_FINISH = threading.Event()  # set by SIGUSR1 alone: unlike a --finish-b
 _DEADLINE: list[float] = []  # set by finish_by: no training starts that would end after this Unix time
 FINISH_BY_HELP = ("start no training that would end after WHEN (18:30, 2026-12-01T18:30, or 90m / 2h from now), "
                   "judged by the longest recorded run like it; the runs in flight finish and are recorded, as on "
-                  "SIGUSR1, and the same command goes on from there later (default: no limit)")  # --finish-by
+                  "SIGUSR1, and the same command goes on from there later. A family whose runs resume exactly "
+                  "(every one but cluttered and mqar) instead starts a run while 5 minutes are left and pauses it at "
+                  "WHEN, at a checkpoint the next call goes on from (default: no limit)")  # --finish-by
+PAUSABLE_START_SECONDS = 300.0  # a run that can pause at --finish-by starts only with this much time left
 
 
 class Finishing(Exception):
     """Raised instead of starting a training once the study was told to finish (:func:`finish_trainings`)."""
 
 
-def train(command: list[str], log: Path, append: bool = False) -> float:
+class Paused(Finishing):
+    """Raised when a training that resumes exactly was stopped at the ``--finish-by`` time (``train(until=)``): it
+    saved its interrupted checkpoint, and the next call goes on from there."""
+
+
+def train(command: list[str], log: Path, append: bool = False, until: float | None = None) -> float:
     """Run one training command with its output in ``log`` (added to its end with ``append``, for a run that goes
-    on from an earlier attempt); returns the wall time. Fails loudly."""
+    on from an earlier attempt); returns the wall time. Fails loudly. With ``until`` (a Unix time) a training still
+    running then is sent SIGTERM, as a stop of the study sends it (the recipes save a resumable checkpoint at their
+    next clean step), and :class:`Paused` is raised once it has exited."""
     start = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a" if append else "w") as f:
@@ -273,7 +283,16 @@ def train(command: list[str], log: Path, append: bool = False) -> float:
             proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT)
             _LIVE.add(proc)
         try:
-            returncode = proc.wait()
+            try:
+                returncode = proc.wait(None if until is None else max(0.0, until - time.time()))
+            except subprocess.TimeoutExpired:
+                _FINISHING.set()  # past the limit: nothing else starts either
+                proc.terminate()
+                _wait_ended(proc)
+                returncode = proc.returncode
+                if returncode:  # stopped at its checkpoint (one that ended just then is a finished run)
+                    raise Paused(f"{log.stem} paused at --finish-by {_clock(until)} after "
+                                 f"{_said(time.time() - start)}; the next call goes on from the checkpoint it saved") from None
         finally:
             with _LIVE_LOCK:
                 _LIVE.discard(proc)
@@ -296,14 +315,21 @@ def stop_trainings(signum: int, frame: object) -> None:
         live = list(_LIVE)
     for proc in live:
         proc.terminate()
-    for proc in live:  # each saves a checkpoint at its next clean step (after validation, if one is running)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    for proc in live:
+        _wait_ended(proc)
     raise SystemExit(f"stopped by signal {signum}; {len(live)} training(s) terminated (the records hold only "
                      "finished runs; the next call goes on with each terminated training from the checkpoint it "
                      "saved, or trains it again where it saved none)")
+
+
+def _wait_ended(proc: subprocess.Popen, grace: float = 120.0) -> None:
+    """Wait for a terminated training: it saves a checkpoint at its next clean step (after validation, if one is
+    running); killed if it has not exited after ``grace`` seconds."""
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def finish_trainings(signum: int, frame: object) -> None:
@@ -358,22 +384,34 @@ def finish_by(when: datetime.datetime | None) -> None:
     _DEADLINE[:] = [] if when is None else [when.timestamp()]
 
 
-def check_time_left(seconds: float | None, what: str) -> None:
+def check_time_left(seconds: float | None, what: str, pausable: bool = False) -> float | None:
     """Called before a training starts. With a :func:`finish_by` time set, when ``what`` would take about
     ``seconds`` beyond it, the study finishes as on SIGUSR1 (:func:`finish_trainings`: the trainings running go
     on and are recorded, none starts) by raising :class:`Finishing`. A training of unknown length (``seconds``
-    None: nothing like it recorded) is started, and says so."""
+    None: nothing like it recorded) is started while the time is ahead, and says so. A ``pausable`` training (one
+    that resumes exactly) is started whatever its length while at least :data:`PAUSABLE_START_SECONDS` are left,
+    and the time it must pause at is returned (for ``train(until=)``); None otherwise."""
     if not _DEADLINE:
-        return
+        return None
     now, deadline = time.time(), _DEADLINE[0]
+    if pausable:
+        if now + PAUSABLE_START_SECONDS > deadline:
+            _FINISHING.set()
+            raise Finishing(f"{what}: less than {_said(PAUSABLE_START_SECONDS)} left before --finish-by "
+                            f"{_clock(deadline)}")
+        return deadline
+    if seconds is None and now >= deadline:
+        _FINISHING.set()
+        raise Finishing(f"{what}: --finish-by {_clock(deadline)} has passed")
     if seconds is None:
         print(f"{what}: nothing like it recorded yet, so how long it takes is unknown; started anyway "
               f"(--finish-by {_clock(deadline)})", flush=True)
-        return
+        return None
     if now + seconds > deadline:
         _FINISHING.set()
         raise Finishing(f"{what} takes about {_said(seconds)}, so it would end about {_clock(now + seconds)}, "
                         f"after --finish-by {_clock(deadline)}")
+    return None
 
 
 def _clock(t: float) -> str:

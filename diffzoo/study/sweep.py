@@ -50,6 +50,7 @@ from .recipe import lr_grid, recipe_args
 from .runs import (
     FINAL_SEED,
     FINISH_BY_HELP,
+    Paused,
     RecordsBusy,
     check_time_left,
     code_stamp,
@@ -101,8 +102,10 @@ def fixed_args(family: Family) -> list[str]:
 
 
 def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, quick: bool, extra: Sequence[str],
-              knob: tuple[str, str] | None = None) -> dict:
-    """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health."""
+              knob: tuple[str, str] | None = None, until: float | None = None) -> dict:
+    """Train one (variant, lr, seed[, knob value]) in a fresh process; its summary, curves and health. With
+    ``until`` (a family that resumes exactly, under ``--finish-by``) the training pauses then (:class:`Paused`)
+    and the next call goes on from its checkpoint."""
     name = run_name(variant, lr, seed, knob)
     args = [*fixed_args(family), *family.variants[variant],
             "--model.lr", lr_tag(lr), *family.seed_args(seed), *family.monitor_args,
@@ -121,7 +124,8 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
         print(f"resuming {name} from {ckpt} (attempt {len(earlier) + 1})", flush=True)
     start = time.time()
     try:
-        seconds = train([*command, "--ckpt_path", str(ckpt)] if ckpt else command, log, append=ckpt is not None)
+        seconds = train([*command, "--ckpt_path", str(ckpt)] if ckpt else command, log, append=ckpt is not None,
+                        until=until)
         record["seconds"] = seconds + sum(earlier)  # every attempt's wall time
         if earlier:
             record["attempts"] = len(earlier) + 1
@@ -131,6 +135,9 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
         clips = read_test_clips(runs / name) if seed >= FINAL_SEED else None
         if clips is not None:  # recipes that score each test clip (speech): [voice, snr_db, label, pred] per clip
             record["test_clips"] = clips
+    except Paused:  # at --finish-by: its checkpoint noted for the next call
+        note_stopped(runs / name, log, command, record["code"], start, earlier)
+        raise
     except (RuntimeError, FileNotFoundError) as e:
         if stopping():  # cut short by a stop of the study: not a result, not recorded; goes on next call
             if family.resumes_exactly:
@@ -168,13 +175,16 @@ def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Se
     """Train every job not in ``cache`` (keyed by run name), or recorded there as failed (a crash is trained
     again on the next call; a divergence is a result and stays); the records of all jobs, in order. With a
     ``--finish-by`` time, a job that would not end by then is not started (:func:`expected_seconds`, with
-    ``fallback_seconds`` where ``cache`` has no finished run) and the call finishes the jobs running."""
+    ``fallback_seconds`` where ``cache`` has no finished run) and the call finishes the jobs running; in a family
+    that resumes exactly, a job starts while a few minutes are left and pauses at that time instead."""
     todo = [j for j in jobs if run_name(*j) not in cache or cache[run_name(*j)].get("failed")]
     start = time.time()
 
     def one(job: tuple) -> dict:
-        check_time_left(expected_seconds(cache, job[0], job[1], fallback_seconds), run_name(*job))
-        return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None)
+        until = check_time_left(expected_seconds(cache, job[0], job[1], fallback_seconds), run_name(*job),
+                                pausable=family.resumes_exactly)
+        return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None,
+                         until=until)
 
     def store(done: list[dict]) -> None:
         for r in done:
