@@ -488,6 +488,15 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     rows, phrase = budget_check("clip-40ep-2x", 2)
     assert all(r["flat_longer"] for r in rows.values())  # "all three 80-epoch curves were flat"
     assert f"{phrase} points" in page, phrase
+    # speech's 160-epoch check: softmax gains the most at 320, V2 the least; every 320-epoch curve flat by the rule
+    rows, phrase = budget_check("speech-2x", 2)
+    assert f"gained {phrase} points" in page, phrase
+    gain = {v: r["longer"] - r["budget"] for v, r in rows.items()}
+    assert gain["softmax"] > gain["diff"] > gain["diff_v2_matched"] > 0 and all(r["flat_longer"] for r in rows.values())
+    assert sum(r["flat"] for r in rows.values()) == 2  # "two of the three 160-epoch ones"
+    at_320 = ", ".join(f"{name} {rows[v]['longer']:.2f}" for v, name in sorted(
+        (("softmax", "softmax"), ("diff", "V1"), ("diff_v2_matched", "V2")), key=lambda x: -rows[x[0]]["longer"]))
+    assert f"(at 320, seed 0: {at_320})" in page, at_320
     # CLIP's 80-epoch check: every curve flat by the rule at both budgets, yet softmax gains the most at 160
     rows, phrase = budget_check("clip-80ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
