@@ -1079,3 +1079,19 @@ def test_a_cell_takes_the_runs_of_a_check_with_its_set_up_instead_of_training_th
     taken["runs"] = {}
     (tmp_path / "lm-xs-16k.json").write_text(json.dumps(taken))
     assert plan.adopt_runs(tmp_path, cell) == 0 and plan.load(tmp_path, cell)["runs"] == {}
+
+
+def test_a_cell_waiting_for_another_cells_lrs_lets_the_cells_after_it_train(tmp_path, monkeypatch, capsys):
+    """``run --cells needle-2x lm-l`` before needle has its best lrs: needle-2x is not started, saying why, lm-l
+    trains, and the command then exits naming the cell that waits."""
+    from diffzoo.study import sweep
+
+    trained = []
+    monkeypatch.setattr(sweep, "main", lambda argv: trained.append(argv[0]))
+    monkeypatch.setattr(plan, "adopt_runs", lambda *a: 0)
+    real = plan.cell_sweeps
+    monkeypatch.setattr(plan, "cell_sweeps", lambda cell, *a: real(cell, *a) if cell.name == "needle-2x" else [[cell.name]])
+    with pytest.raises(SystemExit, match="^cell needle-2x centres its grid on the best lrs of cell needle, which has none"):
+        plan.main(["run", "--cells", "needle-2x", "lm-l", "--records", str(tmp_path)])
+    assert trained == ["lm-l"]
+    assert "== cell needle-2x: not started: cell needle-2x centres its grid" in capsys.readouterr().out

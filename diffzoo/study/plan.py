@@ -251,6 +251,10 @@ def sweep_argv(cell: Cell, records: Path, jobs: int, quick: bool, variants: Sequ
     return [*argv, *cell.size_args, *cell.extra]
 
 
+class WaitsForCell(SystemExit):
+    """A cell centred on another cell's best lrs (:attr:`Cell.lr_from`) asked for before that cell has them."""
+
+
 def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bool) -> list[list[str]]:
     """The sweeps (argument lists) that fill ``cell``: one over its variants; for a size-trend cell one per
     variant with a grid centred on that variant's best lr in the cell ``lr_from``; for a budget check one
@@ -264,8 +268,8 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
     best = {v: b["lr"] for v, b in (load(records, source).get("best") or {}).items()}
     missing = [v for v in variants if best.get(v) is None]
     if missing:
-        raise SystemExit(f"cell {cell.name} centres its grid on the best lrs of cell {source.name}, which has none "
-                         f"for {', '.join(missing)} yet: run that cell first")
+        raise WaitsForCell(f"cell {cell.name} centres its grid on the best lrs of cell {source.name}, which has none "
+                           f"for {', '.join(missing)} yet: run that cell first")
     if cell.epochs_factor is not None:  # the budget check: grid seeds at the best lr, longer; no final runs
         epochs = cell_epochs(cell)
         # one sweep, each variant at its own best lr, so its runs fill every job slot
@@ -1071,6 +1075,7 @@ def main(argv: list[str] | None = None) -> None:
         from .sweep import main as sweep
 
         stopped: list[str] = []  # cells whose next run would have ended after --finish-by
+        waiting: list[str] = []  # cells whose lr source has no best lrs yet
         for cell in cells:
             start = time.time()
             if stopped and (waits := [c for c in (cell.lr_from, cell.runs_from) if c in stopped]):
@@ -1094,6 +1099,10 @@ def main(argv: list[str] | None = None) -> None:
                         sweep([*argv, *guess])
             except RecordsBusy as e:
                 raise SystemExit(f"cell {cell.name}: {e}") from None
+            except WaitsForCell as e:  # the cells after it may still train
+                print(f"== cell {cell.name}: not started: {e}", flush=True)
+                waiting.append(str(e))
+                continue
             except Finishing as e:  # its trainings in flight have finished and are recorded
                 if not carry_on_after_finish_by():  # told to finish (SIGUSR1): nothing more starts
                     raise
@@ -1104,6 +1113,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
         if stopped:
             raise Finishing(f"cells left for later by --finish-by: {', '.join(stopped)}")
+        if waiting:
+            raise SystemExit("; ".join(waiting))
     elif args.command == "status":
         print("\n".join(status_lines(args.records, cells)))
     elif args.command == "verify":
