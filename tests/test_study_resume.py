@@ -59,6 +59,15 @@ def test_same_training_code_across_records_commits_but_not_across_training_chang
 STAMP = {"commit": "c" * 40, "changed": [], "torch": "2.11.0", "lightning": "2.6.6"}
 
 
+def _save_interrupted(out: Path, name: str) -> None:
+    """What a recipe leaves on SIGTERM: an interrupted checkpoint and metrics, in a new version folder of the run."""
+    folder = out / "runs" / name
+    version = folder / f"version_{len(list(folder.glob('version_*'))) if folder.is_dir() else 0}"
+    (version / "checkpoints").mkdir(parents=True)
+    (version / "checkpoints" / "interrupted.ckpt").write_bytes(b"weights")
+    (version / "metrics.csv").write_text("epoch,step\n0,1\n")
+
+
 def _stopping_train(out: Path, stop: set[str], calls: list, state: dict):
     """A stand-in for ``train``: a run named in ``stop`` saves an interrupted checkpoint and metrics the way a
     recipe does on SIGTERM, while the study is stopping, and fails; any other run finishes in 2 s."""
@@ -68,11 +77,7 @@ def _stopping_train(out: Path, stop: set[str], calls: list, state: dict):
         calls.append((name, ckpt, append))
         if name in stop:
             stop.discard(name)
-            folder = out / "runs" / name
-            version = folder / f"version_{len(list(folder.glob('version_*'))) if folder.is_dir() else 0}"
-            (version / "checkpoints").mkdir(parents=True)
-            (version / "checkpoints" / "interrupted.ckpt").write_bytes(b"weights")
-            (version / "metrics.csv").write_text("epoch,step\n0,1\n")
+            _save_interrupted(out, name)
             state["stopping"] = True
             raise RuntimeError(f"training failed (exit 143); see {log}")
         return 2.0
@@ -275,10 +280,7 @@ def _pausing_train(out: Path, calls: list):
         ckpt = command[command.index("--ckpt_path") + 1] if "--ckpt_path" in command else None
         calls.append((name, ckpt, append, until))
         if len(calls) == 1:
-            version = out / "runs" / name / "version_0"
-            (version / "checkpoints").mkdir(parents=True)
-            (version / "checkpoints" / "interrupted.ckpt").write_bytes(b"weights")
-            (version / "metrics.csv").write_text("epoch,step\n0,1\n")
+            _save_interrupted(out, name)
             runs._FINISHING.set()
             raise runs.Paused(f"{name} paused at --finish-by")
         return 2.0

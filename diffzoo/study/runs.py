@@ -400,10 +400,10 @@ def check_time_left(seconds: float | None, what: str, pausable: bool = False) ->
             raise Finishing(f"{what}: less than {_said(PAUSABLE_START_SECONDS)} left before --finish-by "
                             f"{_clock(deadline)}")
         return deadline
-    if seconds is None and now >= deadline:
-        _FINISHING.set()
-        raise Finishing(f"{what}: --finish-by {_clock(deadline)} has passed")
     if seconds is None:
+        if now >= deadline:
+            _FINISHING.set()
+            raise Finishing(f"{what}: --finish-by {_clock(deadline)} has passed")
         print(f"{what}: nothing like it recorded yet, so how long it takes is unknown; started anyway "
               f"(--finish-by {_clock(deadline)})", flush=True)
         return None

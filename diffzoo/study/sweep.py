@@ -135,11 +135,9 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
         clips = read_test_clips(runs / name) if seed >= FINAL_SEED else None
         if clips is not None:  # recipes that score each test clip (speech): [voice, snr_db, label, pred] per clip
             record["test_clips"] = clips
-    except Paused:  # at --finish-by: its checkpoint noted for the next call
-        note_stopped(runs / name, log, command, record["code"], start, earlier)
-        raise
-    except (RuntimeError, FileNotFoundError) as e:
-        if stopping():  # cut short by a stop of the study: not a result, not recorded; goes on next call
+    except (RuntimeError, FileNotFoundError, Paused) as e:
+        # cut short by a stop of the study or paused at --finish-by: not a result, not recorded; goes on next call
+        if isinstance(e, Paused) or stopping():
             if family.resumes_exactly:
                 note_stopped(runs / name, log, command, record["code"], start, earlier)
             raise
