@@ -139,7 +139,9 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     Cell("lm", "lm"),
     Cell("needle", "needle"),  # retrieval in text, a decoder task of its own (answer-only loss, 4,000 steps)
     # the noisiest speech: softmax and V1 each re-tuned with every clip at -10 dB SNR (the interaction of the
-    # gap with SNR is tested on the speech cell's own test clips, whose SNR varies from 0 to 20 dB)
+    # gap with SNR is tested on the speech cell's own test clips, whose SNR varies from 0 to 20 dB). 160 epochs,
+    # the speech cell's budget, so the two pair up, although speech-2x found 160 short of a plateau: a 320-epoch
+    # speech cell (44-70 CPU-thread hours) waits until the size trend and needle retrieval have run
     Cell("speech-noisy", "speech", ("softmax", "diff"), extra=("--data.init_args.snr_fixed_db=-10",), epochs=160),
     # ViT digits at half its budget: the first ViT cell ran 40 epochs, and its budget check gained 1.1-1.3 points
     # of validation top-1 for every variant at 80, so the task's budget became 80 and this cell stays as the
