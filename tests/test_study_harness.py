@@ -4,6 +4,7 @@ science)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -630,8 +631,21 @@ def test_expected_seconds_takes_the_longest_run_most_like_the_next_one():
     assert expected_seconds(cache, "softmax", 1e-3) == pytest.approx(330.0)  # same variant and lr, + 10 %
     assert expected_seconds(cache, "softmax", 8e-3) == pytest.approx(550.0)  # same variant, any lr
     assert expected_seconds(cache, "diff_v2_matched", 1e-3) == pytest.approx(990.0)  # any run of these records
-    assert expected_seconds({}, "softmax", 1e-3, fallback=60.0) == 60.0
+    # a guess for the variant itself beats another variant's run; one for another variant does not
+    assert expected_seconds(cache, "diff_v2_matched", 1e-3, fallback={"diff_v2_matched": 2000.0}) == 2000.0
+    assert expected_seconds(cache, "diff_v2_matched", 1e-3, fallback={"softmax": 2000.0}) == pytest.approx(990.0)
+    assert expected_seconds(cache, "softmax", 1e-3, fallback={"softmax": 2000.0}) == pytest.approx(330.0)
+    assert expected_seconds({}, "softmax", 1e-3, fallback={"*": 60.0}) == 60.0
+    assert expected_seconds({}, "diff", 1e-3, fallback={"softmax": 60.0, "diff_v2_matched": 90.0}) == 90.0
     assert expected_seconds({}, "softmax", 1e-3) is None
+
+
+def test_run_minutes_takes_a_time_per_variant_or_for_any():
+    from diffzoo.study.sweep import run_minutes
+
+    assert run_minutes("12.5") == ("*", 12.5) and run_minutes("diff_v2_matched=70") == ("diff_v2_matched", 70.0)
+    with pytest.raises(argparse.ArgumentTypeError, match="'diff=soon': give minutes"):
+        run_minutes("diff=soon")
 
 
 def test_finish_by_starts_no_run_that_would_end_after_it(tmp_path, monkeypatch, capsys, deadline_reset):
@@ -719,8 +733,8 @@ def test_finish_by_goes_on_to_the_cells_after_one_that_stopped(tmp_path, monkeyp
     monkeypatch.setattr(sweep, "main", fake_sweep)
     monkeypatch.setattr(plan, "cell_sweeps", lambda cell, *a: [[cell.name]])
     monkeypatch.setattr(plan, "adopt_runs", lambda *a: 0)
-    monkeypatch.setattr(plan, "_seconds_per_run",
-                        lambda records, cell: None if minutes[cell.name] is None else 60 * minutes[cell.name])
+    monkeypatch.setattr(plan, "_variant_seconds", lambda records, cell, longest=False:
+                        {} if minutes[cell.name] is None else {"softmax": 60 * minutes[cell.name]})
     argv = ["run", "--cells", *minutes, "--finish-by", "30m", "--records", str(tmp_path)]
     with pytest.raises(runs.Finishing, match="cells left for later by --finish-by: cluttered, cluttered-2x$"):
         plan.main(argv)

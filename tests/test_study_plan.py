@@ -190,7 +190,11 @@ def test_status_says_how_long_a_started_cell_has_left(tmp_path):
     (tmp_path / "clip.json").write_text(json.dumps({"runs": runs}))
     line, total = plan.status_lines(tmp_path, [cell])
     left = plan.planned_runs(cell) - 9
-    assert f"0.90 CPU-thread hours, about {left * 0.1:.1f} hours left ({left} runs; 6.0 min a run so far)" in line
+    each = plan.planned_runs(cell) // 3
+    # only softmax has run and no other clip cell is recorded: V1 and V2 are timed by softmax's runs, and say so
+    assert f"0.90 CPU-thread hours, about {left * 0.1:.1f} hours left ({left} runs: softmax {each - 9} x 6.0 min, " \
+           f"diff {each} x 6.0 min, diff_v2_matched {each} x 6.0 min; diff, diff_v2_matched timed from other " \
+           "runs)" in line
     assert total == f"left in all: about {left * 0.1:.1f} CPU-thread hours (about {left * 0.05:.1f} hours of wall " \
                     "time at --jobs 2 on 2 cores)"
     (tmp_path / "clip.json").write_text(json.dumps({"runs": runs, "quick": True}))
@@ -202,7 +206,7 @@ def test_status_says_how_long_a_started_cell_has_left(tmp_path):
     (tmp_path / "clip.json").write_text(json.dumps({"runs": runs, "grid_lrs": grown}))
     assert plan.planned_runs(cell, {"grid_lrs": grown}) == plan.planned_runs(cell) + 3 == 72
     assert "(planned about 72 runs)" in plan.status_lines(tmp_path, [cell])[0]
-    assert f"({72 - 9} runs; 6.0 min a run so far)" in plan.status_lines(tmp_path, [cell])[0]
+    assert f"({72 - 9} runs: softmax {each - 9} x 6.0 min, diff {each + 3} x 6.0 min" in plan.status_lines(tmp_path, [cell])[0]
 
 
 def test_status_estimates_the_final_runs_left_per_variant(tmp_path):
@@ -224,9 +228,9 @@ def test_status_estimates_the_final_runs_left_per_variant(tmp_path):
     assert f"about {hours:.1f} hours left ({3 + cell.final_seeds} final runs: diff 3 x 20.0 min, " \
            f"diff_v2_matched {cell.final_seeds} x 25.0 min so far)" in line
     assert total.startswith(f"left in all: about {hours:.1f} CPU-thread hours")
-    del best["diff_v2_matched"]  # a variant's grid still open: the cell's mean, as before
+    del best["diff_v2_matched"]  # a variant's grid still open: each variant timed by all its runs so far
     (tmp_path / "speech.json").write_text(json.dumps({"runs": runs, "best": best}))
-    assert "min a run so far)" in plan.status_lines(tmp_path, [cell])[0]
+    assert "softmax 12 x 11.2 min, diff 15 x 18.1 min, diff_v2_matched 20 x 25.0 min so far)" in plan.status_lines(tmp_path, [cell])[0]
 
 
 def test_status_estimates_an_unstarted_cell_from_one_of_the_same_size(tmp_path):
@@ -239,15 +243,34 @@ def test_status_estimates_an_unstarted_cell_from_one_of_the_same_size(tmp_path):
     wanted = [cells[n] for n in ("vit", "vit-2x", "vit-l")]
     vit, check, big, total = plan.status_lines(tmp_path, wanted)
     assert plan.cell_epochs(cells["vit"]) == 80 and plan.cell_epochs(cells["vit-2x"]) == 160
-    assert "about 9.2 hours left (138 runs; 4.0 min a run estimated from a cell of the same size)" in vit
-    assert "(planned about 3 runs)" in check and "about 0.4 hours left (3 runs; 8.0 min a run" in check
+    assert "about 9.2 hours left (138 runs: softmax 23 x 4.0 min, diff 23 x 4.0 min" in vit
+    assert "(planned about 3 runs)" in check and "about 0.4 hours left (3 runs: softmax 1 x 8.0 min" in check
     assert "left" not in big  # vit-l's model size has no runs yet
     assert total == ("left in all: about 9.6 CPU-thread hours (about 4.8 hours of wall time at --jobs 2 on 2 cores); "
                      "no estimate yet for vit-l")
     # of two cells of that size, the one whose budget is nearest: vit-2x (160 epochs) is estimated from vit-40ep-2x
     # (80 epochs, 5 min a run: 10 min at 160), not from vit-40ep (2 min at 40: 8 min)
     (tmp_path / "vit-40ep-2x.json").write_text(json.dumps({"runs": {k: {**r, "seconds": 300.0} for k, r in runs.items()}}))
-    assert "(3 runs; 10.0 min a run estimated from a cell of the same size)" in plan.status_lines(tmp_path, [cells["vit-2x"]])[0]
+    assert "(3 runs: softmax 1 x 10.0 min, diff 1 x 10.0 min, diff_v2_matched 1 x 10.0 min; softmax, diff, " \
+           "diff_v2_matched timed from other runs)" in plan.status_lines(tmp_path, [cells["vit-2x"]])[0]
+
+
+def test_status_times_a_variant_not_run_yet_by_its_ratio_to_one_that_has(tmp_path):
+    """vit-l has only softmax runs (30 min): V1 is timed by its ratio to softmax in the vit cell (twice as long
+    there), V2, which no vit cell ran, by the mean of those two; ``--finish-by`` gets the longest runs instead."""
+    cells = {c.name: c for c in plan.CELLS}
+    small = {f"{v}_lr0.001_seed{i}": {"variant": v, "lr": 1e-3, "seed": i, "seconds": secs + 60 * i}
+             for v, secs in (("softmax", 180.0), ("diff", 420.0)) for i in range(3)}  # means 4 and 8 min
+    (tmp_path / "vit.json").write_text(json.dumps({"runs": small}))
+    big = {f"softmax_lr0.001_seed{i}": {"variant": "softmax", "lr": 1e-3, "seed": i, "seconds": 1800.0 + 600 * i}
+           for i in range(2)}  # mean 35 min, longest 40
+    (tmp_path / "vit-l.json").write_text(json.dumps({"runs": big}))
+    each = plan.planned_runs(cells["vit-l"]) // 3
+    line = plan.status_lines(tmp_path, [cells["vit-l"]])[0]
+    assert f"softmax {each - 2} x 35.0 min, diff {each} x 70.0 min, diff_v2_matched " \
+           f"{each} x 52.5 min; diff, diff_v2_matched timed from other runs)" in line
+    longest = plan._variant_seconds(tmp_path, cells["vit-l"], longest=True)  # vit's longest: 5 and 9 min
+    assert longest == pytest.approx({"softmax": 2400.0, "diff": 2400.0 * 9 / 5, "diff_v2_matched": (2400.0 + 4320.0) / 2})
 
 
 def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
@@ -409,7 +432,7 @@ def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(t
     longer = {"runs": {run_name(v, best[v], s): run(v, s, 82 + 4 * s) for v in best
                        for s in range(2 if v == "softmax" else 3)}}
     (tmp_path / "mqar-2x.json").write_text(json.dumps(longer))
-    assert "done" not in plan.status_lines(tmp_path, [check])[0] and "(1 runs;" in plan.status_lines(tmp_path, [check])[0]
+    assert "done" not in plan.status_lines(tmp_path, [check])[0] and "(1 runs: softmax 1 x" in plan.status_lines(tmp_path, [check])[0]
     rows = {r["variant"]: r for r in plan.budget_checks(tmp_path, [check])}
     assert rows["softmax"]["seeds"] == [0, 1] and rows["diff"]["seeds"] == [0, 1, 2]
     assert rows["softmax"]["budget"] == pytest.approx(82.0) and rows["softmax"]["longer"] == pytest.approx(84.0)
@@ -1068,9 +1091,9 @@ def test_a_cell_takes_the_runs_of_a_check_with_its_set_up_instead_of_training_th
     check["runs"]["softmax_lr0.032_seed1"] = {**check["runs"][run_name("softmax", 3.2e-2, sweep.FINAL_SEED)],
                                               "failed": "killed"}  # a failed run is trained again, not copied
     (tmp_path / "lm-xs-8k-2x.json").write_text(json.dumps(check))
-    assert "(39 runs;" in plan.status_lines(tmp_path, [cell])[0]  # 42 planned, 3 of them trained by the check
+    assert "(39 runs:" in plan.status_lines(tmp_path, [cell])[0]  # 42 planned, 3 of them trained by the check
     assert plan.adopt_runs(tmp_path, cell) == 3
-    assert "(39 runs;" in plan.status_lines(tmp_path, [cell])[0]  # the same once they are copied
+    assert "(39 runs:" in plan.status_lines(tmp_path, [cell])[0]  # the same once they are copied
     taken = plan.load(tmp_path, cell)
     assert {r["adopted_from"] for r in taken["runs"].values()} == {"lm-xs-8k-2x"} and len(taken["runs"]) == 3
     assert taken["fixed"] == check["fixed"] and taken["extra"] == check["extra"]

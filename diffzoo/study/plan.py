@@ -320,14 +320,18 @@ def cell_epochs(cell: Cell) -> int:
     return round(cell.epochs_factor * (source.epochs or budget.epochs))
 
 
-def planned_runs(cell: Cell, record: dict | None = None) -> int:
-    """Runs of a cell: variants x (grid lrs x grid seeds + final seeds), with the grid lrs its ``record`` holds
+def planned_runs_of(cell: Cell, record: dict | None = None) -> dict[str, int]:
+    """Runs of each variant of a cell: grid lrs x grid seeds + final seeds, with the grid lrs its ``record`` holds
     (an extension at an edge adds some); a budget check trains its check seeds per variant."""
     if cell.epochs_factor is not None:
-        return len(cell.variants) * cell.check_seeds
+        return {v: cell.check_seeds for v in cell.variants}
     grown = (record or {}).get("grid_lrs") or {}
-    lrs = sum(max(len(grown.get(v) or ()), cell.grid_points) for v in cell.variants)
-    return lrs * GRID_SEEDS + len(cell.variants) * cell.final_seeds
+    return {v: max(len(grown.get(v) or ()), cell.grid_points) * GRID_SEEDS + cell.final_seeds for v in cell.variants}
+
+
+def planned_runs(cell: Cell, record: dict | None = None) -> int:
+    """Runs of a cell in all (:func:`planned_runs_of`)."""
+    return sum(planned_runs_of(cell, record).values())
 
 
 def load(records: Path, cell: Cell) -> dict:
@@ -351,25 +355,47 @@ def complete_final_runs(record: dict, cell: Cell) -> tuple[list[dict], int]:
     return [r for r in final if r["variant"] in done], len(final)
 
 
-def _seconds_per_run(records: Path, cell: Cell) -> float | None:
-    """How long a run of ``cell`` takes, from its own records, else from the records of a cell of the same family
-    and model size (scaled by the ratio of their epochs; of those, the one whose budget is nearest, so that the
-    scaling, which ignores each run's fixed costs, stretches least); None when neither has a run."""
-    def mean_seconds(c: Cell) -> float | None:
-        rec = load(records, c)
-        secs = [r.get("seconds", 0.0) for r in (rec.get("runs") or {}).values() if not r.get("failed")]
-        return None if not secs or rec.get("quick") else statistics.mean(secs)
+def _variant_means(records: Path, cell: Cell, longest: bool = False) -> dict[str, float]:
+    """The mean (or ``longest``) wall time of each variant's finished runs in ``cell``'s records (none for
+    ``--quick`` ones)."""
+    rec = load(records, cell)
+    if rec.get("quick"):
+        return {}
+    seconds: dict[str, list[float]] = {}
+    for r in (rec.get("runs") or {}).values():
+        if not r.get("failed") and r.get("seconds"):
+            seconds.setdefault(r["variant"], []).append(r["seconds"])
+    return {v: max(s) if longest else statistics.mean(s) for v, s in seconds.items()}
 
-    own = mean_seconds(cell)
-    if own is not None:
-        return own
+
+def _variant_seconds(records: Path, cell: Cell, longest: bool = False) -> dict[str, float]:
+    """How long a run of each of ``cell``'s variants takes (seconds; the mean, or the ``longest`` run, which
+    ``--finish-by`` wants): from that variant's runs in the cell's own records, else in a cell of the same family
+    and model size (of those, the one whose budget is nearest, so that the scaling by the ratio of the epochs,
+    which ignores each run's fixed costs, stretches least). A variant neither gives is timed from one that has a
+    time, by the ratio of the two variants' run times in the nearest cell of the family that ran both (any size):
+    variants differ by 2-3x in cost, more than sizes of one family differ in that ratio; where no cell ran both,
+    by the mean of the variants timed so. Empty when nothing like the cell's runs is recorded."""
     epochs = cell_epochs(cell)
-    same = [c for c in CELLS if c.family == cell.family and c.size_args == cell.size_args and c.name != cell.name]
-    for other in sorted(same, key=lambda c: abs(math.log(cell_epochs(c) / epochs))):  # stable: CELLS order on ties
-        seconds = mean_seconds(other)
-        if seconds is not None:
-            return seconds * epochs / cell_epochs(other)
-    return None
+    family = sorted((c for c in CELLS if c.family == cell.family and c.name != cell.name),  # stable: CELLS order
+                    key=lambda c: (c.size_args != cell.size_args, abs(math.log(cell_epochs(c) / epochs))))
+    means = {c.name: _variant_means(records, c, longest) for c in family}
+    times = {v: s for v, s in _variant_means(records, cell, longest).items() if v in cell.variants}
+    for other in (c for c in family if c.size_args == cell.size_args):
+        for v, s in means[other.name].items():
+            if v in cell.variants:
+                times.setdefault(v, s * epochs / cell_epochs(other))
+    found = dict(times)
+    for v in (v for v in cell.variants if v not in times):
+        for other in family:
+            anchor = next((u for u in found if u in means[other.name]), None)
+            if v in means[other.name] and anchor is not None:
+                times[v] = found[anchor] * means[other.name][v] / means[other.name][anchor]
+                break
+    timed = list(times.values())
+    for v in (v for v in cell.variants if v not in times and timed):
+        times[v] = statistics.mean(timed)
+    return {v: times[v] for v in cell.variants if v in times}
 
 
 def _final_seconds_left(record: dict, cell: Cell) -> dict[str, tuple[int, float]] | None:
@@ -396,10 +422,10 @@ def _final_seconds_left(record: dict, cell: Cell) -> dict[str, tuple[int, float]
 
 
 def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
-    """One line per cell (runs recorded, hours so far, about how long the rest takes), then the total left: the
-    estimate of a cell comes from its own runs so far, else from a cell of the same family and size (its runs'
-    mean time scaled by the epochs), and counts the planned runs (with the grid extensions recorded so far); a cell
-    with only final seeds left is estimated per variant from that variant's own runs."""
+    """One line per cell (runs recorded, hours so far, about how long the rest takes), then the total left: each
+    variant's planned runs not recorded yet (with the grid extensions recorded so far) times how long one of its
+    runs takes (:func:`_variant_seconds`: from the cell's own runs so far, else estimated from the family's
+    other cells); a cell with only final seeds left is timed per variant by that variant's own runs."""
     lines = []
     total, unknown = 0.0, []
     width = max((len(c.name) for c in cells), default=0)
@@ -412,10 +438,13 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
         done = (grid >= planned_runs(cell)) if cell.epochs_factor is not None else \
             final >= cell.final_seeds * len(cell.variants)
         planned = planned_runs(cell, rec)
-        left = max(planned - len(runs) - len(_adoptable(records, cell)[2]), 0)  # runs another cell trained count
+        taken = [*runs, *_adoptable(records, cell)[2].values()]  # runs another cell trained count
+        left_of = {v: max(n - sum(1 for r in taken if r["variant"] == v), 0)
+                   for v, n in planned_runs_of(cell, rec).items()}
+        left = sum(left_of.values())
         by_variant = None if rec.get("quick") or done else _final_seconds_left(rec, cell)
-        # the cell's mean run (which reads the records again) only where the per-variant estimate does not apply
-        per_run = None if rec.get("quick") or by_variant else _seconds_per_run(records, cell)
+        # the per-variant times (which read the family's records) only where the final runs' own do not apply
+        times = {} if rec.get("quick") or by_variant or not left else _variant_seconds(records, cell)
         if done:
             tail = " - done"
         elif by_variant:
@@ -424,10 +453,14 @@ def status_lines(records: Path, cells: Sequence[Cell]) -> list[str]:
             each = ", ".join(f"{v} {n} x {secs / 60:.1f} min" for v, (n, secs) in by_variant.items())
             tail = f", about {seconds / 3600:.1f} hours left ({sum(n for n, _ in by_variant.values())} final runs: {each}" \
                    " so far)"
-        elif left and per_run is not None:
-            total += left * per_run / 3600
-            source = "so far" if runs else "estimated from a cell of the same size"
-            tail = f", about {left * per_run / 3600:.1f} hours left ({left} runs; {per_run / 60:.1f} min a run {source})"
+        elif left and all(v in times for v, n in left_of.items() if n):
+            seconds = sum(n * times[v] for v, n in left_of.items() if n)
+            total += seconds / 3600
+            own = _variant_means(records, cell)
+            guessed = [v for v, n in left_of.items() if n and v not in own]
+            source = f"; {', '.join(guessed)} timed from other runs" if guessed else " so far"
+            each = ", ".join(f"{v} {n} x {times[v] / 60:.1f} min" for v, n in left_of.items() if n)
+            tail = f", about {seconds / 3600:.1f} hours left ({left} runs: {each}{source})"
         else:
             tail = ""
             if left and not rec.get("quick"):
@@ -1085,7 +1118,7 @@ def main(argv: list[str] | None = None) -> None:
                       flush=True)
                 stopped.append(cell.name)
                 continue
-            if stopped and not args.quick and _seconds_per_run(args.records, cell) is None:  # might be cut short
+            if stopped and not args.quick and not _variant_seconds(args.records, cell):  # might be cut short
                 print(f"== cell {cell.name}: not started after a --finish-by stop, as nothing like its runs is "
                       "recorded to say how long one takes", flush=True)
                 continue
@@ -1095,8 +1128,9 @@ def main(argv: list[str] | None = None) -> None:
                     if not args.quick and (adopted := adopt_runs(args.records, cell)):
                         print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records",
                               flush=True)
-                    per_run = None if args.quick else _seconds_per_run(args.records, cell)
-                    guess = [] if per_run is None else ["--run-minutes", f"{per_run / 60:.2f}"]  # for --finish-by
+                    times = {} if args.quick else _variant_seconds(args.records, cell, longest=True)
+                    # for --finish-by, as the sweep times a run by the longest like it + 10 %
+                    guess = ["--run-minutes", *(f"{v}={1.1 * t / 60:.2f}" for v, t in times.items())] if times else []
                     for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
                         sweep([*argv, *guess])
             except RecordsBusy as e:

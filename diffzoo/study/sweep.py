@@ -39,7 +39,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,25 +155,42 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
     return record
 
 
-def expected_seconds(cache: dict[str, dict], variant: str, lr: float, fallback: float | None = None) -> float | None:
+def expected_seconds(cache: dict[str, dict], variant: str, lr: float,
+                     fallback: Mapping[str, float] | None = None) -> float | None:
     """How long a run of ``variant`` at ``lr`` should take, for ``--finish-by``: the longest finished run in
-    ``cache`` of that variant at that lr, else of that variant, else of any variant, with 10 % to spare (the same
-    run's wall time varies by about that much with the machine's load); ``fallback`` (seconds) when ``cache``
-    has no finished run at all."""
+    ``cache`` of that variant at that lr, else of that variant, with 10 % to spare (the same run's wall time
+    varies by about that much with the machine's load); else ``fallback``'s guess for that variant (seconds by
+    variant, ``"*"`` for any); else the longest run of any variant in ``cache`` + 10 %, else the fallback's
+    longest guess. Variants differ in cost by 2-3x, so another variant's run is the last resort."""
     done = [r for r in cache.values() if not r.get("failed") and r.get("seconds")]
+    fallback = fallback or {}
     for like in ([r for r in done if r["variant"] == variant and r["lr"] == lr],
-                 [r for r in done if r["variant"] == variant], done):
+                 [r for r in done if r["variant"] == variant]):
         if like:
             return 1.1 * max(r["seconds"] for r in like)
-    return fallback
+    if variant in fallback:
+        return fallback[variant]
+    if done:
+        return 1.1 * max(r["seconds"] for r in done)
+    return fallback.get("*", max(fallback.values(), default=None))
+
+
+def run_minutes(value: str) -> tuple[str, float]:
+    """One ``--run-minutes`` value: ``M`` (a run of any variant) or ``VARIANT=M``."""
+    variant, _, minutes = value.rpartition("=")
+    try:
+        return variant or "*", float(minutes)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give minutes (M) or VARIANT=M") from None
 
 
 def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Sequence[str], parallel: int,
-            cache: dict[str, dict], save: Callable[[], None], fallback_seconds: float | None = None) -> list[dict]:
+            cache: dict[str, dict], save: Callable[[], None],
+            fallback_seconds: Mapping[str, float] | None = None) -> list[dict]:
     """Train every job not in ``cache`` (keyed by run name), or recorded there as failed (a crash is trained
     again on the next call; a divergence is a result and stays); the records of all jobs, in order. With a
     ``--finish-by`` time, a job that would not end by then is not started (:func:`expected_seconds`, with
-    ``fallback_seconds`` where ``cache`` has no finished run) and the call finishes the jobs running; in a family
+    ``fallback_seconds``, seconds by variant, where ``cache`` has no finished run of one) and the call finishes the jobs running; in a family
     that resumes exactly, a job starts while a few minutes are left and pauses at that time instead."""
     todo = [j for j in jobs if run_name(*j) not in cache or cache[run_name(*j)].get("failed")]
     start = time.time()
@@ -312,9 +329,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=None, help="output folder (default outputs/sweep/<family>)")
     p.add_argument("--finish-by", default=None, metavar="WHEN",
                    help=FINISH_BY_HELP)
-    p.add_argument("--run-minutes", type=float, default=None, metavar="M",
-                   help="with --finish-by: how long a run takes while the records hold none yet (default: unknown, "
-                        "so the first run starts whatever the time)")
+    p.add_argument("--run-minutes", type=run_minutes, nargs="+", default=None, metavar="[VARIANT=]M",
+                   help="with --finish-by: how long a run takes (of VARIANT, or of any) while the records hold none "
+                        "of it yet (default: unknown, so a first run starts whatever the time)")
     p.add_argument("--results", type=Path, default=None, metavar="JSON",
                    help="the records file (default <out>/results.json); a file kept in version control lets "
                         "another machine or session resume the sweep: runs recorded there are not trained again")
@@ -379,7 +396,7 @@ def _sweep(p: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str
         write_records(results_path, results)
 
     digits = 2 if family.scale != 1.0 else 3
-    fallback = None if args.run_minutes is None else 60 * args.run_minutes  # --finish-by's guess for a first run
+    fallback = {v: 60 * m for v, m in args.run_minutes or ()}  # --finish-by's guesses for a variant's first run
     start = time.time()
     texts = []
     if args.chance:
