@@ -520,6 +520,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     at_320 = ", ".join(f"{name} {rows[v]['longer']:.2f}" for v, name in sorted(
         (("softmax", "softmax"), ("diff", "V1"), ("diff_v2_matched", "V2")), key=lambda x: -rows[x[0]]["longer"]))
     assert f"(at 320, seed 0: {at_320})" in page, at_320
+    # CLIP's 320-epoch (three-digit) check: changes of both signs, each under 1.5 points, every curve flat
+    rows, phrase = budget_check("clip-2x", 2)
+    assert f"moved validation mean recall by {phrase} points" in page, phrase
+    gain = [r["longer"] - r["budget"] for r in rows.values()]
+    assert min(gain) < 0 < max(gain) and max(map(abs, gain)) < 1.5
+    assert all(r["flat"] and r["flat_longer"] for r in rows.values())
     # CLIP's 80-epoch check: every curve flat by the rule at both budgets, yet softmax gains the most at 160
     rows, phrase = budget_check("clip-80ep-2x", 2)
     assert f"gained {phrase} points" in page, phrase
