@@ -53,7 +53,7 @@ from .runs import (
     parse_finish_by,
     records_lock,
 )
-from .sweep import write_records
+from .sweep import RUN_TIME_SPARE, write_records
 from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
 
 MAIN = MAIN_VARIANTS
@@ -1129,8 +1129,9 @@ def main(argv: list[str] | None = None) -> None:
                         print(f"took {adopted} runs of cell {cell.runs_from} (the same set-up) into its records",
                               flush=True)
                     times = {} if args.quick else _variant_seconds(args.records, cell, longest=True)
-                    # for --finish-by, as the sweep times a run by the longest like it + 10 %
-                    guess = ["--run-minutes", *(f"{v}={1.1 * t / 60:.2f}" for v, t in times.items())] if times else []
+                    # for --finish-by, padded as the sweep pads the longest run like the next one
+                    guess = ["--run-minutes", *(f"{v}={RUN_TIME_SPARE * t / 60:.2f}" for v, t in times.items())] \
+                        if times else []
                     for argv in cell_sweeps(cell, args.records, args.jobs, args.quick, args.main_only):
                         sweep([*argv, *guess])
             except RecordsBusy as e:

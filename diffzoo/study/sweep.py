@@ -155,6 +155,9 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
     return record
 
 
+RUN_TIME_SPARE = 1.1  # a run's expected length: the longest like it + 10 % (its wall time varies about that much)
+
+
 def expected_seconds(cache: dict[str, dict], variant: str, lr: float,
                      fallback: Mapping[str, float] | None = None) -> float | None:
     """How long a run of ``variant`` at ``lr`` should take, for ``--finish-by``: the longest finished run in
@@ -167,11 +170,11 @@ def expected_seconds(cache: dict[str, dict], variant: str, lr: float,
     for like in ([r for r in done if r["variant"] == variant and r["lr"] == lr],
                  [r for r in done if r["variant"] == variant]):
         if like:
-            return 1.1 * max(r["seconds"] for r in like)
+            return RUN_TIME_SPARE * max(r["seconds"] for r in like)
     if variant in fallback:
         return fallback[variant]
     if done:
-        return 1.1 * max(r["seconds"] for r in done)
+        return RUN_TIME_SPARE * max(r["seconds"] for r in done)
     return fallback.get("*", max(fallback.values(), default=None))
 
 
@@ -190,8 +193,9 @@ def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Se
     """Train every job not in ``cache`` (keyed by run name), or recorded there as failed (a crash is trained
     again on the next call; a divergence is a result and stays); the records of all jobs, in order. With a
     ``--finish-by`` time, a job that would not end by then is not started (:func:`expected_seconds`, with
-    ``fallback_seconds``, seconds by variant, where ``cache`` has no finished run of one) and the call finishes the jobs running; in a family
-    that resumes exactly, a job starts while a few minutes are left and pauses at that time instead."""
+    ``fallback_seconds``, seconds by variant, where ``cache`` has no finished run of one) and the call finishes
+    the jobs running; in a family that resumes exactly, a job starts while a few minutes are left and pauses at
+    that time instead."""
     todo = [j for j in jobs if run_name(*j) not in cache or cache[run_name(*j)].get("failed")]
     start = time.time()
 
