@@ -61,7 +61,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
-                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k", "cluttered-120ep"}
+                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k", "cluttered-120ep", "lm-xxs"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
@@ -1111,7 +1111,7 @@ def test_a_cell_takes_the_runs_of_a_check_with_its_set_up_instead_of_training_th
 
 
 def test_a_cell_waiting_for_another_cells_lrs_lets_the_cells_after_it_train(tmp_path, monkeypatch, capsys):
-    """``run --cells needle-2x lm-l`` before needle has its best lrs: needle-2x is not started, saying why, lm-l
+    """``run --cells needle-2x lm-xxs`` before needle has its best lrs: needle-2x is not started, saying why, lm-xxs
     trains, and the command then exits naming the cell that waits."""
     from diffzoo.study import sweep
 
@@ -1121,6 +1121,6 @@ def test_a_cell_waiting_for_another_cells_lrs_lets_the_cells_after_it_train(tmp_
     real = plan.cell_sweeps
     monkeypatch.setattr(plan, "cell_sweeps", lambda cell, *a: real(cell, *a) if cell.name == "needle-2x" else [[cell.name]])
     with pytest.raises(SystemExit, match="^cell needle-2x centres its grid on the best lrs of cell needle, which has none"):
-        plan.main(["run", "--cells", "needle-2x", "lm-l", "--records", str(tmp_path)])
-    assert trained == ["lm-l"]
+        plan.main(["run", "--cells", "needle-2x", "lm-xxs", "--records", str(tmp_path)])
+    assert trained == ["lm-xxs"]
     assert "== cell needle-2x: not started: cell needle-2x centres its grid" in capsys.readouterr().out
