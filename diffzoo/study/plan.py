@@ -194,9 +194,7 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     # the size trend: one encoder (vit digits) and the LM at three sizes each, >= 10x apart in parameters
     # (softmax parameters: vit-xs 42 k, vit 0.31 M, vit-l 1.8 M; lm-xxs 10 k, lm-xs 32 k, lm 0.11 M; the report
     # reads each run's own count from its summary). The LM's sizes go down from lm, not up: larger LMs overfit the
-    # 466 KB corpus within the task's 4,000 steps (softmax, seed 0: lm_nano, 0.84 M, lr 2e-3, validation loss
-    # lowest at step 1,500 (1.307) and 1.517 at the end; 0.34 M, lr 4e-3, lowest at step 2,100 (1.328) and 1.411
-    # at the end, where lm ends at 1.358), so the task cannot say how they compare at a plateau
+    # corpus within the task's 4,000 steps (the pilots, their figures and records: docs/study.md, Size trend)
     _size("vit-xs", "vit", ("--model.model_kwargs", '{"embed_dim": 48, "depth": 2}'), "vit"),
     # (at 40 epochs vit-l's softmax pilot met the plateau rule at 94.1 % only because the cosine schedule had run
     # out, still rising at epoch 31; at the task's 80 it reached 97.0 % and was flat from epoch 60)
