@@ -1010,14 +1010,27 @@ def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_p
     git("commit", "-q", "-m", "rename")
     assert provenance.recorded_at(repo / "rec" / "renamed.json", repo) == {"r1": a, "r2": b}
     records = json.loads((repo / "rec" / "renamed.json").read_text())
+    gone = "0123456789" * 4  # a commit amended away after its run started: the stamp names what git lacks
+    records["runs"]["r6"] = {"name": "r6", "code": {"commit": gone, "changed": []}}
+    (repo / "rec" / "renamed.json").write_text(json.dumps(records))
+    git("commit", "-q", "-am", "a run stamped with a rewritten commit")
+    d = git("rev-parse", "HEAD")
+    records["runs"]["r7"] = {"name": "r7", "code": {"commit": gone, "changed": []}}  # ... and not committed yet
     records["runs"]["r3"] = {"name": "r3", "code": {"commit": c, "changed": []}}  # stamped, not committed yet
     records["runs"]["r4"] = {"name": "r4"}  # neither stamped nor committed
     (repo / "rec" / "renamed.json").write_text(json.dumps(records))
-    groups = {g["commit"]: g for g in provenance.cell_code(repo / "rec", "renamed", repo)}
-    assert groups[a]["how"] == "recorded" and groups[a]["changed_since"] == ["diffzoo/layer.py"]
-    assert groups[c]["how"] == "stamped" and groups[c]["changed_since"] == [] and groups[None]["runs"] == 1
+    groups = {(g["commit"], g["how"]): g for g in provenance.cell_code(repo / "rec", "renamed", repo)}
+    assert set(groups) == {(a, "recorded"), (b, "recorded"), (c, "stamped"), (d, "lost stamp"),
+                           (None, "recorded"), (None, "lost stamp")}
+    assert groups[a, "recorded"]["changed_since"] == ["diffzoo/layer.py"]
+    assert groups[c, "stamped"]["changed_since"] == [] and groups[d, "lost stamp"]["changed_since"] == []
+    assert groups[None, "recorded"]["runs"] == groups[None, "lost stamp"]["runs"] == 1
     lines = provenance.code_lines(repo / "rec", ["renamed", "absent"], repo)
-    assert lines[0] == "renamed: 4 runs, not all from the code there now"
+    assert lines[0] == "renamed: 6 runs, not all from the code there now"
+    assert (f"  1 runs trained at a commit this repository lacks (rewritten after they ran), recorded at 1 "
+            f"commit(s) ({d[:10]}); unchanged since") in lines
+    assert "  1 runs in no commit yet, stamped with a commit this repository lacks" in lines
+    assert "  1 runs in no commit yet and without a code stamp" in lines
     assert f"  2 runs recorded at 2 commit(s) ({a[:10]}, {b[:10]}); changed since: diffzoo/layer.py" in lines
     assert f"  1 runs trained at 1 commit(s) ({c[:10]}); unchanged since" in lines
     assert not any(line.startswith("absent") for line in lines)  # a cell with no records says nothing

@@ -52,6 +52,17 @@ def recorded_at(path: Path, root: Path) -> dict[str, str]:
     return first
 
 
+@cache
+def has_commit(commit: str, root: Path) -> bool:
+    """Whether the repository at ``root`` holds ``commit``: a run stamped at a commit that was amended or rebased
+    away afterwards names one it does not."""
+    try:
+        git(root, "cat-file", "-e", f"{commit}^{{commit}}")
+    except RuntimeError:
+        return False
+    return True
+
+
 @cache  # many cells share the commits their runs were recorded at
 def changed_since(commit: str, root: Path) -> tuple[str, ...]:
     """Files under ``diffzoo/`` and ``recipes/`` that differ between ``commit`` and the working tree, less the
@@ -86,7 +97,9 @@ def same_training_code(then: dict, now: dict, root: Path) -> bool:
 def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
     """The runs of one cell's records grouped by the code that trained them: per commit, ``{"commit", "how"
     ("stamped" or "recorded"), "runs", "changed_then" (stamped runs: training files that differed from the commit
-    when they ran), "changed_since"}``; runs with neither a stamp nor a commit have ``commit`` None."""
+    when they ran), "changed_since"}``; runs with neither a stamp nor a commit have ``commit`` None. A run whose
+    stamp names a commit the repository does not hold (history rewritten after it ran) is dated by its records'
+    commit instead, as an unstamped run is, with ``how`` "lost stamp"."""
     path = Path(records) / f"{cell}.json"
     runs = (json.loads(path.read_text()).get("runs") or {}) if path.is_file() else {}
     dated = recorded_at(path, root) if runs else {}
@@ -94,7 +107,10 @@ def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
     then: dict[tuple, set] = {}
     for name, run in runs.items():
         stamp = run.get("code") or {}
-        key = (stamp["commit"], "stamped") if stamp.get("commit") else (dated.get(name), "recorded")
+        if stamp.get("commit") and has_commit(stamp["commit"], root):
+            key = (stamp["commit"], "stamped")
+        else:  # no stamp, or a commit rewritten (amended, rebased) after the run: dated as unstamped runs are
+            key = (dated.get(name), "lost stamp" if stamp.get("commit") else "recorded")
         groups[key] += 1
         then.setdefault(key, set()).update(c for c in stamp.get("changed", []) if not c.startswith(HARNESS))
     out = []
@@ -130,10 +146,13 @@ def code_lines(records: Path, cells: Sequence[str], root: Path) -> list[str]:
         for (how, undated, then, since), gs in merged.items():
             n = sum(g["runs"] for g in gs)
             if undated:
-                lines.append(f"  {n} runs in no commit yet and without a code stamp")
+                lines.append(f"  {n} runs in no commit yet and without a code stamp" if how == "recorded" else
+                             f"  {n} runs in no commit yet, stamped with a commit this repository lacks")
                 continue
             commits = [g["commit"][:10] for g in gs]
-            text = (f"  {n} runs {'trained' if how == 'stamped' else 'recorded'} at {len(commits)} commit(s) "
+            said = {"stamped": "trained", "recorded": "recorded",
+                    "lost stamp": "trained at a commit this repository lacks (rewritten after they ran), recorded"}
+            text = (f"  {n} runs {said[how]} at {len(commits)} commit(s) "
                     f"({', '.join(commits[:3])}{', ...' if len(commits) > 3 else ''})")
             if then:
                 text += f"; uncommitted then: {', '.join(then)}"
