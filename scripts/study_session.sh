@@ -43,7 +43,9 @@ fi
 # one line per records file that differs from HEAD: "<cell> N runs"
 changed_cells() {
     git status --porcelain -- "$RECORDS"/*.json | awk '{print $2}' | while read -r f; do
-        "$PY" -c 'import json, sys; print(sys.argv[2], len(json.load(open(sys.argv[1])).get("runs", {})), "runs")' \
+        "$PY" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print(sys.argv[2], len(d["runs"]), "runs") if "runs" in d else print(sys.argv[2] + ".json updated")' \
             "$f" "$(basename "$f" .json)"
     done
 }

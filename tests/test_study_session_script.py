@@ -51,6 +51,7 @@ def scratch(tmp_path):
     records.mkdir(parents=True)
     for cell in ("alpha", "beta", "gamma"):
         (records / f"{cell}.json").write_text(json.dumps({"runs": {}}))
+    (records / "verify.json").write_text("{}")  # the study's other JSON: no runs of its own
     (repo / "docs" / "results.md").write_text("old table\n")
     (repo / "README.md").write_text("readme\n")
     (repo / "notes.md").write_text("work in progress\n")
@@ -72,6 +73,7 @@ def run_script(repo: Path, fake: Path, *args: str, commit_every: str = "1") -> s
 def test_one_process_per_cell_list_and_a_commit_of_the_records_only(scratch):
     repo, fake = scratch
     (repo / "notes.md").write_text("edited, not for the study's commit\n")
+    (repo / "docs" / "results" / "study" / "v0.3" / "verify.json").write_text('{"alpha": {}}')
     done = run_script(repo, fake, "08:30", "alpha gamma", "beta")
     assert done.returncode == 0, done.stderr
     logs = repo / "outputs" / "logs"
@@ -80,9 +82,10 @@ def test_one_process_per_cell_list_and_a_commit_of_the_records_only(scratch):
     assert (logs / "core2.log").read_text().strip() == \
         "ran run --main-only --jobs 1 --finish-by 08:30 --cells beta threads 1"
     assert git(repo, "log", "-1", "--format=%s") == \
-        "study records: alpha 1 runs; beta 1 runs; table, plots and results page regenerated"
+        "study records: alpha 1 runs; beta 1 runs; verify.json updated; table, plots and results page regenerated"
     assert sorted(git(repo, "show", "--name-only", "--format=", "HEAD").split()) == [
-        "docs/results.md", "docs/results/study/v0.3/alpha.json", "docs/results/study/v0.3/beta.json"]
+        "docs/results.md", "docs/results/study/v0.3/alpha.json", "docs/results/study/v0.3/beta.json",
+        "docs/results/study/v0.3/verify.json"]
     assert git(repo, "status", "--porcelain", "--", "notes.md") == "M notes.md"  # left as it was
 
 
