@@ -698,13 +698,16 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             rows += verified[name][first["name"]]["rows"]
         return rows, f"`{'`, `'.join(named[:-1])}` and `{named[-1]}`"
 
-    named = ["mqar", "lm-2k", "vit-40ep", "cluttered-30ep", "speech-40ep", "lm", "clip-40ep", "vit"]
+    named = ["lm", "mqar", "vit", "vit-40ep", "lm-2k", "cluttered-30ep"]  # trained again on 2026-12-02, identical
     rows, listed = [], ""
     for variant in plan.MAIN:  # each variant's first final run in each named cell (a KeyError if one is missing)
         found, listed = verified_rows(named, variant)
         rows += found
-    assert f"each of {listed} was trained" in page and f"all {3 * len(named)} runs" in page
+    assert f"{listed}: every validation and test metric of all {3 * len(named)} runs" in page
     assert all(r["identical"] for r in rows) and f"({len(rows)} metrics;" in page
+    for name in ("clip", "speech-40ep"):  # trained again the same day, not identical: the page says how many were
+        rows = [r for variant in plan.MAIN for r in verified_rows([name], variant)[0]]
+        assert f"`{name}`: {sum(r['identical'] for r in rows)} of {len(rows)} metrics identical" in page
     # what the prose says survives Holm: exactly these comparisons, each in its own family (study or earlier budgets)
     survives = {(name, r["variant"]) for name, c in result["cells"].items() if c for r in c["rows"]
                 if r.get("p_holm_study", 1.0) < 0.05}
@@ -1045,6 +1048,9 @@ def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_pa
     record = _record("mqar", best, {"softmax": [90.0, 91.0], "diff": [80.0, 81.0]})
     for r in record["runs"].values():
         r["summary"]["metrics"]["train/loss"] = 0.5  # not an evaluation metric: not compared
+        r["curves"] = {"val/acc": [[10, 0.1], [20, 0.2], [30, 0.3]]}
+        if r["variant"] == "diff":  # stamped with its machine; softmax's records predate that
+            r["code"] = {"commit": "c" * 40, "cpu": "AVX2", "cpu_model": "Some CPU", "threads": 1}
     family = FAMILIES["mqar"]
     record.update(fixed=[*family.base_args, *recipe_args(family.budget)], extra=[])
     (tmp_path / "mqar.json").write_text(json.dumps(record))
@@ -1054,7 +1060,8 @@ def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_pa
         trained.append((variant, lr, seed, quick, list(extra)))
         old = record["runs"][run_name(variant, lr, seed)]["summary"]["metrics"]
         now = {k: (v + 1e-7 if variant == "diff" and k.startswith("test/") else v) for k, v in old.items()}
-        return {"summary": {"metrics": now}}
+        curve = [[10, 0.1], [20, 0.2], [30, 0.3 + (1e-7 if variant == "diff" else 0.0)]]  # V1 parts at step 30
+        return {"summary": {"metrics": now}, "curves": {"val/acc": curve}}
 
     monkeypatch.setattr(sweep, "train_run", train_run)
     lines = plan.verify_lines(tmp_path, ["mqar", "vit"], ["softmax", "diff"], out=tmp_path / "again")
@@ -1065,6 +1072,17 @@ def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_pa
     soft, v1 = run_name("softmax", 4e-3, sweep.FINAL_SEED), run_name("diff", 1e-3, sweep.FINAL_SEED)
     assert [r["identical"] for r in saved[soft]["rows"]] == [True, True] and saved[soft]["code"]["torch"]
     assert [r["identical"] for r in saved[v1]["rows"]] == [False, True]  # test/acc, val/acc
+    # the validation curves: where they part, and the machines each run was trained on
+    here = saved[v1]["code"]
+    assert here["cpu"] and here["threads"] >= 1 and "cpu_model" in here
+    assert saved[soft]["curve"] == {"run": soft, "curve": "val/acc", "points": 3, "same_points": 3,
+                                    "parted_at_step": None, "machine_then": {"cpu": None, "cpu_model": None,
+                                                                             "threads": None}}
+    assert saved[v1]["curve"]["same_points"] == 2 and saved[v1]["curve"]["parted_at_step"] == 30
+    assert lines[2] == (f"  {v1}: val/acc the same at its first 2 of 3 evaluations, apart from step 30 on; recorded "
+                        f"on AVX2 (Some CPU), 1 thread(s), trained again on {here['cpu']} ({here['cpu_model']}), "
+                        f"{here['threads']} thread(s)")
+    assert len(lines) == 3  # softmax: identical metrics and curve, nothing more said
     plan.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")  # again, softmax only
     assert set(json.loads((tmp_path / "verify.json").read_text())["mqar"]) == {soft, v1}  # V1's entry kept
     record["fixed"] = ["--other", "arguments"]  # records made with other recipe arguments are not retrained

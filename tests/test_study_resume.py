@@ -52,6 +52,10 @@ def test_same_training_code_across_records_commits_but_not_across_training_chang
     assert not same_training_code(stamp(first, ["recipes/lm.py"]), stamp(first), root)  # uncommitted then
     assert not same_training_code(stamp(first), stamp(first, ["diffzoo/layers.py"]), root)  # uncommitted now
     assert not same_training_code(stamp(first), stamp(first, torch="2.10.0"), root)
+    machine = {"cpu": "AVX512", "cpu_model": "X", "threads": 1}
+    assert same_training_code({**stamp(first), **machine}, {**stamp(records), **machine}, root)
+    assert not same_training_code({**stamp(first), **machine}, {**stamp(first), **machine, "cpu": "AVX2"}, root)
+    assert not same_training_code({**stamp(first), **machine}, {**stamp(first), **machine, "threads": 2}, root)
     assert not same_training_code(stamp(None), stamp(None), root)  # no git: cannot tell
     assert not same_training_code(stamp("0" * 40), stamp(first), root)  # a commit git does not know
 

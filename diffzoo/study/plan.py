@@ -1032,7 +1032,21 @@ def verify_cell(records: Path, cell_name: str, variants: Sequence[str], out: Pat
             rows.append({"run": old["name"], "metric": metric, "recorded": a, "now": b, "identical": a == b})
         if new.get("failed"):
             rows.append({"run": old["name"], "error": new["failed"]})
+        then, now = (old.get("curves") or {}).get(family.val_metric), (new.get("curves") or {}).get(family.val_metric)
+        if then and now:  # where the validation curves part: the same data and start, and when rounding told
+            same = next((i for i, (a, b) in enumerate(zip(then, now)) if a != b), min(len(then), len(now)))
+            rows.append({"run": old["name"], "curve": family.val_metric, "points": len(then), "same_points": same,
+                         "parted_at_step": now[same][0] if same < min(len(then), len(now)) else None,
+                         "machine_then": {k: (old.get("code") or {}).get(k) for k in MACHINE_KEYS}})
     return rows
+
+
+MACHINE_KEYS = ("cpu", "cpu_model", "threads")  # of a code stamp: where a run was trained
+
+
+def _machine(stamp: dict) -> str:
+    return "a machine its record does not name" if not any(stamp.values()) else \
+        f"{stamp.get('cpu')} ({stamp.get('cpu_model')}), {stamp.get('threads')} thread(s)"
 
 
 def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
@@ -1050,11 +1064,14 @@ def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
         rows = verify_cell(records, cell, variants, out)
         if not rows:
             continue
+        curves = {r["run"]: r for r in rows if "curve" in r}
+        rows = [r for r in rows if "curve" not in r]
         found = json.loads(path.read_text()) if path.is_file() else {}
         when, code = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), code_stamp()
         for run in dict.fromkeys(r["run"] for r in rows):  # per run trained again: the latest outcome
             found.setdefault(cell, {})[run or "(cell)"] = {"when": when, "code": code,
-                                                           "rows": [r for r in rows if r["run"] == run]}
+                                                           "rows": [r for r in rows if r["run"] == run],
+                                                           **({"curve": curves[run]} if run in curves else {})}
         path.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         errors = [r for r in rows if "error" in r]
         same = [r for r in rows if r.get("identical")]
@@ -1063,6 +1080,13 @@ def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
                      f"{len({r['run'] for r in compared})} runs trained again" + (f"; {len(errors)} errors" if errors else ""))
         lines += [f"  {r['run']} {r['metric']}: recorded {r['recorded']!r}, now {r['now']!r}"
                   for r in compared if not r["identical"]]
+        here = {k: code.get(k) for k in MACHINE_KEYS}
+        for run, c in curves.items():
+            if c["parted_at_step"] is not None or any(r["run"] == run and not r["identical"] for r in compared):
+                lines.append(f"  {run}: {c['curve']} the same at its first {c['same_points']} of {c['points']} "
+                             f"evaluations" + (f", apart from step {c['parted_at_step']} on" if c["parted_at_step"]
+                                               is not None else "") +
+                             f"; recorded on {_machine(c['machine_then'])}, trained again on {_machine(here)}")
         lines += [f"  {r['run'] or cell}: {r['error']}" for r in errors]
     return lines
 

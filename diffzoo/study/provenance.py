@@ -79,12 +79,13 @@ def changed_between(first: str, second: str, root: Path) -> tuple[str, ...]:
 
 def same_training_code(then: dict, now: dict, root: Path) -> bool:
     """Whether two code stamps (:func:`diffzoo.study.runs.code_stamp`) name the same training code: both at a
-    commit, the same torch and Lightning, no uncommitted change to a training file at either time, and no
-    training file changed between the two commits (the study harness aside: records commits in between are
-    fine). False whenever git cannot tell."""
+    commit, the same torch and Lightning on the same instruction set and thread count (so that a run resumed
+    rounds as it would have gone on), no uncommitted change to a training file at either time, and no training
+    file changed between the two commits (the study harness aside: records commits in between are fine). False
+    whenever git cannot tell."""
     if not then.get("commit") or not now.get("commit"):
         return False
-    if any(then.get(k) != now.get(k) for k in ("torch", "lightning")):
+    if any(then.get(k) != now.get(k) for k in ("torch", "lightning", "cpu", "threads")):
         return False
     if any(not c.startswith(HARNESS) for c in [*then.get("changed", []), *now.get("changed", [])]):
         return False

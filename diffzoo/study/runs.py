@@ -37,7 +37,8 @@ def git(root: Path, *args: str) -> str:
 
 def code_stamp(root: Path | None = None) -> dict:
     """What code trains a run: the repository's commit, the files under :data:`CODE_PATHS` that differ from it
-    (changed, added or deleted, as ``git status`` lists them), and the versions of torch and Lightning. With no
+    (changed, added or deleted, as ``git status`` lists them), the versions of torch and Lightning, and the machine
+    (:func:`machine_stamp`). With no
     git checkout (an installed package) ``commit`` is None. Recorded with every run, so a later reader can tell
     whether a table's runs were trained by the code that is there now."""
     from importlib.metadata import PackageNotFoundError, version
@@ -57,7 +58,26 @@ def code_stamp(root: Path | None = None) -> dict:
             versions[package] = version(package)
         except PackageNotFoundError:
             versions[package] = None
-    return {"commit": commit, "changed": changed, **versions}
+    return {"commit": commit, "changed": changed, **versions, **machine_stamp()}
+
+
+def machine_stamp() -> dict:
+    """What float rounding depends on besides the code: the vector instruction set torch's CPU kernels dispatch
+    to (``cpu``: ``AVX2``, ``AVX512``, ...), the CPU's model name, and torch's thread count, which a training
+    inherits from the environment that starts it (``OMP_NUM_THREADS``). The same code trains the same run bit for
+    bit only where these agree too; a task whose training amplifies rounding (CLIP's) parts after some hundred
+    steps where they differ."""
+    import platform
+
+    import torch
+
+    model = platform.processor() or None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": torch.backends.cpu.get_cpu_capability(), "cpu_model": model, "threads": torch.get_num_threads()}
 
 
 def recipe_command(recipe: str, out: Path, name: str, args: Sequence[str]) -> list[str]:
