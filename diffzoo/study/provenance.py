@@ -23,6 +23,9 @@ from pathlib import Path
 from .runs import CODE_PATHS, FINAL_SEED, git
 
 HARNESS = ("diffzoo/study/", "recipes/study.py", "recipes/sweep.py")
+# how a group of runs is dated (cell_code's "how") -> what `code` says of it
+HOW_SAID = {"stamped": "trained", "recorded": "recorded",
+            "lost stamp": "trained at a commit this repository lacks (rewritten after they ran), recorded"}
 
 
 def recorded_at(path: Path, root: Path) -> dict[str, str]:
@@ -151,9 +154,7 @@ def code_lines(records: Path, cells: Sequence[str], root: Path) -> list[str]:
                              f"  {n} runs in no commit yet, stamped with a commit this repository lacks")
                 continue
             commits = [g["commit"][:10] for g in gs]
-            said = {"stamped": "trained", "recorded": "recorded",
-                    "lost stamp": "trained at a commit this repository lacks (rewritten after they ran), recorded"}
-            text = (f"  {n} runs {said[how]} at {len(commits)} commit(s) "
+            text = (f"  {n} runs {HOW_SAID[how]} at {len(commits)} commit(s) "
                     f"({', '.join(commits[:3])}{', ...' if len(commits) > 3 else ''})")
             if then:
                 text += f"; uncommitted then: {', '.join(then)}"
