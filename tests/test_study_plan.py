@@ -1040,6 +1040,47 @@ def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_p
     assert provenance.recorded_at(tmp_path / "elsewhere.json", repo) == {}  # records outside the checkout
 
 
+def test_code_report_sets_apart_files_the_cells_recipe_does_not_import(tmp_path):
+    import subprocess
+
+    from diffzoo.study import provenance
+
+    repo = tmp_path / "repo"
+    (repo / "diffzoo" / "data").mkdir(parents=True)
+    (repo / "rec").mkdir()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "diffzoo" / "data" / "synth.py").write_text("v = 1\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "code")
+    first = git("rev-parse", "HEAD")
+    for cell, recipe in (("vitcell", "recipes.vit_imagenet"), ("speechcell", "recipes.speech_commands")):
+        runs = {"r1": {"name": "r1", "code": {"commit": first, "changed": []}},
+                "r2": {"name": "r2", "code": {"commit": first, "changed": ["diffzoo/data/synth.py"]}}}
+        (repo / "rec" / f"{cell}.json").write_text(json.dumps({"recipe": recipe, "runs": runs}))
+    (repo / "diffzoo" / "data" / "synth.py").write_text("v = 2\n")  # speech's data changes after the runs
+    git("add", "-A")
+    git("commit", "-q", "-m", "speech data")
+    (vit,) = provenance.cell_code(repo / "rec", "vitcell", repo)
+    assert vit["changed_since"] == vit["changed_then"] == [] and vit["not_imported"] == ["diffzoo/data/synth.py"]
+    (speech,) = provenance.cell_code(repo / "rec", "speechcell", repo)
+    assert speech["changed_since"] == speech["changed_then"] == ["diffzoo/data/synth.py"]
+    assert speech["not_imported"] == []
+    lines = provenance.code_lines(repo / "rec", ["vitcell", "speechcell"], repo)
+    assert lines == [
+        "vitcell: 2 runs, trained by the code there now",
+        f"  2 runs trained at 1 commit(s) ({first[:10]}); unchanged since (changed, not imported by this recipe: "
+        "diffzoo/data/synth.py)",
+        "speechcell: 2 runs, not all from the code there now",
+        f"  2 runs trained at 1 commit(s) ({first[:10]}); uncommitted then: diffzoo/data/synth.py; changed since: "
+        "diffzoo/data/synth.py",
+    ]
+
+
 def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_path, monkeypatch):
     from diffzoo.study import sweep
     from diffzoo.study.recipe import recipe_args

@@ -58,6 +58,15 @@ def test_same_training_code_across_records_commits_but_not_across_training_chang
     assert not same_training_code({**stamp(first), **machine}, {**stamp(first), **machine, "threads": 2}, root)
     assert not same_training_code(stamp(None), stamp(None), root)  # no git: cannot tell
     assert not same_training_code(stamp("0" * 40), stamp(first), root)  # a commit git does not know
+    # a file only another recipe imports (provenance.ONLY_FOR) changes nothing for this one
+    speech_only, vit, speech = "diffzoo/data/synth.py", "recipes.vit_imagenet", "recipes.speech_commands"
+    synth = _commit(root, {speech_only: "v = 2\n"}, "speech data change")
+    assert same_training_code(stamp(training), stamp(synth), root, vit)
+    assert not same_training_code(stamp(training), stamp(synth), root, speech)
+    assert not same_training_code(stamp(training), stamp(synth), root)  # recipe unknown: every file counts
+    assert same_training_code(stamp(synth, [speech_only]), stamp(synth), root, vit)
+    assert not same_training_code(stamp(synth, [speech_only]), stamp(synth), root, speech)
+    assert not same_training_code(stamp(first), stamp(synth), root, vit)  # layers.py changed in between as well
 
 
 STAMP = {"commit": "c" * 40, "changed": [], "torch": "2.11.0", "lightning": "2.6.6"}
@@ -93,7 +102,7 @@ def fake_study(tmp_path, monkeypatch):
     state = {"stopping": False}
     monkeypatch.setattr(sweep, "stopping", lambda: state["stopping"])
     monkeypatch.setattr(sweep, "code_stamp", lambda: dict(STAMP))
-    monkeypatch.setattr(sweep, "same_training_code", lambda then, now, root: then == now)
+    monkeypatch.setattr(sweep, "same_training_code", lambda then, now, root, recipe=None: then == now)
     monkeypatch.setattr(sweep, "read_run", lambda folder, curves, steps=False: {
         "summary": {"metrics": {"val/loss": 1.5}}, "curves": {}})
     return state

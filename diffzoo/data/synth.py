@@ -13,9 +13,13 @@ disjoint sets of variants, so a model is scored on voices it never heard. Clean 
 noise is mixed in when a clip is read (:func:`mix_noise`), freshly drawn in training and fixed per
 clip for evaluation.
 
-espeak-ng's waveform generator keeps state (such as the glottal phase) from one utterance to the next,
-so synthesising the same clip twice gives the same word, length and position but not bit-identical
-samples: the cache, written once, is what makes runs compare on the same clips.
+espeak-ng has two sources of variation between syntheses of the same text. Its noise generator
+(breathy and whispered voices, aspiration) is seeded from the clock unless told otherwise, and its
+waveform generator keeps state (such as the glottal phase) from one utterance to the next, in globals
+of the library that no API call resets. So a set is synthesised in a process of its own, from a freshly
+loaded library, with the noise generator seeded for every clip: the same :class:`SynthConfig` and the
+same espeak-ng build give the same samples on any machine and in any process, and the cache only saves
+the time of making them again.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import logging
 import os
 import sys
 import threading
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,6 +116,10 @@ class Espeak:
         callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
         self._callback = callback_type(self._collect)  # keep a reference: the library holds the pointer
         lib.espeak_SetSynthCallback(self._callback)
+        # espeak-ng seeds its noise generator from the clock; speak(seed=...) sets it (espeak-ng >= 1.51)
+        self._set_seed = getattr(lib, "espeak_ng_SetRandSeed", None)
+        if self._set_seed is not None:
+            self._set_seed.argtypes = [ctypes.c_long]
         self._lib = lib
         self.variants = set(espeak_variants())
 
@@ -127,7 +136,7 @@ class Espeak:
         return 0  # 0: continue synthesis
 
     def speak(self, text: str, accent: str = "en", variant: str | None = None, rate: int = 175,
-              pitch: int = 50, pitch_range: int = 50) -> np.ndarray:
+              pitch: int = 50, pitch_range: int = 50, seed: int | None = None) -> np.ndarray:
         """Synthesise ``text``; returns int16 samples ``(T,)`` at :attr:`sample_rate`.
 
         Args:
@@ -135,6 +144,9 @@ class Espeak:
             variant: voice variant from :func:`espeak_variants` (None: the accent's default voice).
             rate: speed in words per minute (80-450).
             pitch, pitch_range: base pitch and its range, 0-100.
+            seed: seed of espeak-ng's noise generator for this utterance (None: left as it is, which at
+                start-up is the clock). Same seed, same text and settings, and the same utterances before
+                it in this process give the same samples.
         """
         if variant is not None and variant not in self.variants:
             # espeak-ng silently ignores an unknown variant; refuse it instead
@@ -146,6 +158,11 @@ class Espeak:
                 raise ValueError(f"espeak-ng has no voice {name!r}")
             for param, value in ((_PARAM_RATE, rate), (_PARAM_PITCH, pitch), (_PARAM_RANGE, pitch_range)):
                 self._lib.espeak_SetParameter(param, int(value), 0)
+            if seed is not None:
+                if self._set_seed is None:
+                    raise RuntimeError("this espeak-ng build has no espeak_ng_SetRandSeed (espeak-ng < 1.51): "
+                                       "its noise cannot be seeded; upgrade espeakng-loader")
+                self._set_seed(int(seed))
             self._chunks = []
             err = self._lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
             self._lib.espeak_Synchronize()
@@ -207,7 +224,9 @@ class SynthConfig:
     pitch_range: tuple[int, int] = (20, 80)
     sample_rate: int = SAMPLE_RATE
     clip_seconds: float = 1.0
-    version: int = 1  # bump when the synthesis itself changes
+    # bump when the synthesis itself changes. 2: espeak-ng's noise seeded per clip, each set made in a fresh
+    # process (version 1 left the noise to the clock, so its clips differed from one synthesis to the next)
+    version: int = 2
     accents: tuple[str, ...] = field(default=ACCENTS)
 
     def key(self) -> str:
@@ -256,13 +275,14 @@ def synthesize_split(config: SynthConfig, split: str, voices: Sequence[str], pro
             progress.update(1)
         if word < 0:
             continue  # silence: noise is mixed in when the clip is read
-        for _ in range(8):  # a voice that says nothing is retried with another
+        for tries in range(8):  # a voice that says nothing is retried with another
             v = int(rng.integers(len(voices)))
             raw = engine.speak(
                 config.words[word], accent=config.accents[int(rng.integers(len(config.accents)))], variant=voices[v],
                 rate=int(rng.integers(config.rate_range[0], config.rate_range[1] + 1)),
                 pitch=int(rng.integers(config.pitch_range[0], config.pitch_range[1] + 1)),
                 pitch_range=int(rng.integers(20, 91)),
+                seed=clip_seed(config.split_seed, split, i, tries),
             )
             speech = trim_silence(resample(torch.from_numpy(raw.astype(np.float32) / 32768.0)))
             if len(speech) >= config.sample_rate // 20:  # at least 50 ms of sound
@@ -280,9 +300,17 @@ def synthesize_split(config: SynthConfig, split: str, voices: Sequence[str], pro
     return {"waves": waves, "words": torch.tensor(jobs, dtype=torch.long), "voices": voice_ids}
 
 
+def clip_seed(split_seed: int, split: str, index: int, tries: int) -> int:
+    """Seed of espeak-ng's noise generator for one synthesis attempt of one clip (a 31-bit hash)."""
+    return zlib.crc32(f"{split_seed}/{split}/{index}/{tries}".encode()) & 0x7FFFFFFF
+
+
 def load_or_synthesize(config: SynthConfig, cache_dir: os.PathLike = "data/cache/speech_synth",
                        show_progress: bool = True) -> dict:
     """The synthesised set for ``config``: read from ``cache_dir/<key>.pt``, or made once and written there.
+
+    The set is made in a child process with a freshly loaded espeak-ng (see the module's notes), so it does
+    not depend on what this process spoke before.
 
     Returns a dict with ``config`` (as a dict), ``voices`` (split -> variant names) and, per split,
     ``{"waves", "words", "voices"}`` tensors.
@@ -293,19 +321,32 @@ def load_or_synthesize(config: SynthConfig, cache_dir: os.PathLike = "data/cache
             return torch.load(path, weights_only=True)
         except Exception as e:  # a truncated file from a killed run: make it again
             log.warning("cache %s is unreadable (%s); synthesising again", path, e)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: a forked child would inherit this process's espeak-ng state
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(synthesize_to, config, str(path), show_progress).result()
+    return torch.load(path, weights_only=True)
+
+
+def synthesize_to(config: SynthConfig, path: str, show_progress: bool = True) -> None:
+    """Synthesise the set for ``config`` with this process's engine and write it to ``path`` (atomically).
+    :func:`load_or_synthesize` runs it in a fresh process; called directly, the samples depend on what the
+    engine spoke before in this process."""
+    target = Path(path)
     voices = voice_split(espeak_variants(), config.split_fractions, config.split_seed)
     total = sum(len(config.words) * config.clips_per_word[s] + config.silence_clips[s] for s in range(3))
     from tqdm.auto import tqdm
 
     out: dict = {"config": json.loads(json.dumps(asdict(config))), "voices": voices}
     if show_progress:
-        print(f"synthesising {total} keyword clips with espeak-ng (once) -> {path}", file=sys.stderr, flush=True)
+        print(f"synthesising {total} keyword clips with espeak-ng (once) -> {target}", file=sys.stderr, flush=True)
     # disable=None: a live bar on a terminal, no carriage-return spam in log files
     with tqdm(total=total, unit="clip", disable=None if show_progress else True, mininterval=1.0) as bar:
         for split in SPLITS:
             out[split] = synthesize_split(config, split, voices[split], progress=bar)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
     torch.save(out, tmp)
-    os.replace(tmp, path)  # atomic: parallel runs never read a half-written cache
-    return out
+    os.replace(tmp, target)  # atomic: parallel runs never read a half-written cache

@@ -23,6 +23,13 @@ from pathlib import Path
 from .runs import CODE_PATHS, FINAL_SEED, git
 
 HARNESS = ("diffzoo/study/", "recipes/study.py", "recipes/sweep.py")
+# Training files that only some recipes import: file -> the recipe modules that do. A change to one leaves the
+# training of every other recipe as it was, so their runs stay "trained by the code there now" and their paused
+# runs resume. tests/test_study_provenance.py runs every other family's recipe and checks that it never loads the
+# file; add a file here only with that check passing.
+ONLY_FOR: dict[str, tuple[str, ...]] = {
+    "diffzoo/data/synth.py": ("recipes.speech_commands",),  # the espeak-ng keywords
+}
 # how a group of runs is dated (cell_code's "how") -> what `code` says of it
 HOW_SAID = {"stamped": "trained", "recorded": "recorded",
             "lost stamp": "trained at a commit this repository lacks (rewritten after they ran), recorded"}
@@ -80,22 +87,31 @@ def changed_between(first: str, second: str, root: Path) -> tuple[str, ...]:
     return tuple(n for n in names if not n.startswith(HARNESS))
 
 
-def same_training_code(then: dict, now: dict, root: Path) -> bool:
+def affects(path: str, recipe: str | None) -> bool:
+    """Whether a change to the training file ``path`` can change a training by ``recipe`` (None: any recipe):
+    False only for a file of :data:`ONLY_FOR` that this recipe does not import."""
+    return recipe is None or path not in ONLY_FOR or recipe in ONLY_FOR[path]
+
+
+def same_training_code(then: dict, now: dict, root: Path, recipe: str | None = None) -> bool:
     """Whether two code stamps (:func:`diffzoo.study.runs.code_stamp`) name the same training code: both at a
     commit, the same torch and Lightning on the same instruction set and thread count (so that a run resumed
     rounds as it would have gone on), no uncommitted change to a training file at either time, and no training
-    file changed between the two commits (the study harness aside: records commits in between are fine). False
-    whenever git cannot tell."""
+    file changed between the two commits (the study harness aside: records commits in between are fine). With
+    ``recipe``, files that recipe does not import (:data:`ONLY_FOR`) are left out too. False whenever git cannot
+    tell."""
     if not then.get("commit") or not now.get("commit"):
         return False
     if any(then.get(k) != now.get(k) for k in ("torch", "lightning", "cpu", "threads")):
         return False
-    if any(not c.startswith(HARNESS) for c in [*then.get("changed", []), *now.get("changed", [])]):
+    uncommitted = [*then.get("changed", []), *now.get("changed", [])]
+    if any(not c.startswith(HARNESS) and affects(c, recipe) for c in uncommitted):
         return False
     try:
-        return then["commit"] == now["commit"] or not changed_between(then["commit"], now["commit"], root)
+        between = () if then["commit"] == now["commit"] else changed_between(then["commit"], now["commit"], root)
     except RuntimeError:
         return False
+    return not any(affects(c, recipe) for c in between)
 
 
 def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
@@ -103,9 +119,11 @@ def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
     ("stamped" or "recorded"), "runs", "changed_then" (stamped runs: training files that differed from the commit
     when they ran), "changed_since"}``; runs with neither a stamp nor a commit have ``commit`` None. A run whose
     stamp names a commit the repository does not hold (history rewritten after it ran) is dated by its records'
-    commit instead, as an unstamped run is, with ``how`` "lost stamp"."""
+    commit instead, as an unstamped run is, with ``how`` "lost stamp". Files the cell's recipe does not import
+    (:data:`ONLY_FOR`) are listed apart, as ``not_imported``."""
     path = Path(records) / f"{cell}.json"
-    runs = (json.loads(path.read_text()).get("runs") or {}) if path.is_file() else {}
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    runs, recipe = saved.get("runs") or {}, saved.get("recipe")
     dated = recorded_at(path, root) if runs else {}
     groups: Counter = Counter()
     then: dict[tuple, set] = {}
@@ -119,8 +137,11 @@ def cell_code(records: Path, cell: str, root: Path) -> list[dict]:
         then.setdefault(key, set()).update(c for c in stamp.get("changed", []) if not c.startswith(HARNESS))
     out = []
     for (commit, how), n in sorted(groups.items(), key=lambda kv: -kv[1]):
-        out.append({"commit": commit, "how": how, "runs": n, "changed_then": sorted(then[(commit, how)]),
-                    "changed_since": list(changed_since(commit, root)) if commit else None})
+        since = changed_since(commit, root) if commit else ()
+        out.append({"commit": commit, "how": how, "runs": n,
+                    "changed_then": sorted(c for c in then[(commit, how)] if affects(c, recipe)),
+                    "changed_since": [c for c in since if affects(c, recipe)] if commit else None,
+                    "not_imported": sorted({c for c in [*then[(commit, how)], *since] if not affects(c, recipe)})})
     return out
 
 
@@ -145,9 +166,10 @@ def code_lines(records: Path, cells: Sequence[str], root: Path) -> list[str]:
         lines.append(f"{cell}: {sum(g['runs'] for g in groups)} runs, {verdict}")
         merged: dict[tuple, list[dict]] = {}
         for g in groups:
-            key = (g["how"], g["commit"] is None, tuple(g["changed_then"]), tuple(g["changed_since"] or ()))
+            key = (g["how"], g["commit"] is None, tuple(g["changed_then"]), tuple(g["changed_since"] or ()),
+                   tuple(g["not_imported"]))
             merged.setdefault(key, []).append(g)
-        for (how, undated, then, since), gs in merged.items():
+        for (how, undated, then, since, aside), gs in merged.items():
             n = sum(g["runs"] for g in gs)
             if undated:
                 lines.append(f"  {n} runs in no commit yet and without a code stamp" if how == "recorded" else
@@ -158,7 +180,10 @@ def code_lines(records: Path, cells: Sequence[str], root: Path) -> list[str]:
                     f"({', '.join(commits[:3])}{', ...' if len(commits) > 3 else ''})")
             if then:
                 text += f"; uncommitted then: {', '.join(then)}"
-            lines.append(text + (f"; changed since: {', '.join(since)}" if since else "; unchanged since"))
+            text += f"; changed since: {', '.join(since)}" if since else "; unchanged since"
+            if aside:
+                text += f" (changed, not imported by this recipe: {', '.join(aside)})"
+            lines.append(text)
     return lines
 
 

@@ -115,9 +115,9 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
     record: dict[str, Any] = {"name": name, "variant": variant, "lr": lr, "seed": seed,
                               "knob": list(knob) if knob else None, "code": code_stamp()}
     command, log = recipe_command(family.recipe, runs, name, args), runs / f"{name}.log"
-    ckpt, earlier = resume_point(runs / name, log, command,
-                                 lambda then: same_training_code(then, record["code"], REPOSITORY)) \
-        if family.resumes_exactly else (None, [])
+    ckpt, earlier = (resume_point(runs / name, log, command,
+                                  lambda then: same_training_code(then, record["code"], REPOSITORY, family.recipe))
+                     if family.resumes_exactly else (None, []))
     if ckpt is None:
         forget_stopped(log)
     else:
