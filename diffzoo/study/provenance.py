@@ -23,12 +23,22 @@ from pathlib import Path
 from .runs import CODE_PATHS, FINAL_SEED, git
 
 HARNESS = ("diffzoo/study/", "recipes/study.py", "recipes/sweep.py")
-# Training files that only some recipes import: file -> the recipe modules that do. A change to one leaves the
-# training of every other recipe as it was, so their runs stay "trained by the code there now" and their paused
-# runs resume. tests/test_study_provenance.py runs every other family's recipe and checks that it never loads the
-# file; add a file here only with that check passing.
+# Training files that only some recipes load: file -> the recipe modules that do (a family's own recipe, data
+# and task modules). A change to one leaves the training of every other recipe as it was, so their runs stay
+# "trained by the code there now" and their paused runs resume. tests/test_study_provenance.py runs every
+# family's study command and checks both sides: the recipes named load the file, no other recipe does.
+_SPEECH, _CLIP, _LM = ("recipes.speech_commands",), ("recipes.clip",), ("recipes.lm",)  # lm: the LM and needles
+_MQAR, _CLUTTERED = ("recipes.mqar",), ("recipes.cluttered_digits",)
 ONLY_FOR: dict[str, tuple[str, ...]] = {
-    "diffzoo/data/synth.py": ("recipes.speech_commands",),  # the espeak-ng keywords
+    "recipes/vit_imagenet.py": ("recipes.vit_imagenet",),
+    "recipes/speech_commands.py": _SPEECH, "diffzoo/data/speech.py": _SPEECH, "diffzoo/data/synth.py": _SPEECH,
+    "recipes/clip.py": _CLIP, "diffzoo/data/image_text/__init__.py": _CLIP,
+    "diffzoo/data/image_text/colored_digits.py": _CLIP, "diffzoo/data/image_text/inputs.py": _CLIP,
+    "diffzoo/data/image_text/shards.py": _CLIP, "diffzoo/data/image_text/zeroshot_folders.py": _CLIP,
+    "recipes/lm.py": _LM, "diffzoo/data/text.py": _LM, "diffzoo/data/needles.py": _LM,
+    "recipes/mqar.py": _MQAR, "diffzoo/data/mqar.py": _MQAR, "diffzoo/tasks/mqar.py": _MQAR,
+    "recipes/cluttered_digits.py": _CLUTTERED, "diffzoo/data/cluttered.py": _CLUTTERED,
+    "diffzoo/tasks/cluttered.py": _CLUTTERED, "diffzoo/models/variants.py": _CLUTTERED,
 }
 # how a group of runs is dated (cell_code's "how") -> what `code` says of it
 HOW_SAID = {"stamped": "trained", "recorded": "recorded",
