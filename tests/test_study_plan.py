@@ -982,18 +982,26 @@ def test_every_run_records_the_code_that_trained_it(tmp_path):
     assert code_stamp(repo / "diffzoo")["commit"] is None  # inside a checkout, but not its top: not this code's
 
 
-def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_path):
+def _scratch_repo(repo: Path, *folders: str):
+    """A git command on a new scratch repository ``repo`` with ``folders`` made in it (``git init`` done)."""
     import subprocess
 
-    from diffzoo.study import provenance
-
-    repo = tmp_path / "repo"
-    (repo / "diffzoo" / "study").mkdir(parents=True)
-    (repo / "rec").mkdir()
+    for folder in folders:
+        (repo / folder).mkdir(parents=True, exist_ok=True)
 
     def git(*args):
         return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                               check=True, capture_output=True, text=True).stdout.strip()
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    return git
+
+
+def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_path):
+    from diffzoo.study import provenance
+
+    repo = tmp_path / "repo"
+    git = _scratch_repo(repo, "diffzoo/study", "rec")
 
     def commit(message, runs, name="cell.json"):
         (repo / "rec" / name).write_text(json.dumps({"runs": {r: {"name": r} for r in runs}}))
@@ -1001,7 +1009,6 @@ def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_p
         git("commit", "-q", "-m", message)
         return git("rev-parse", "HEAD")
 
-    git("init", "-q")
     (repo / "diffzoo" / "layer.py").write_text("x = 1\n")
     (repo / "diffzoo" / "study" / "plan.py").write_text("cells = 1\n")
     a = commit("first run", ["r1"])
@@ -1041,19 +1048,10 @@ def test_code_report_dates_each_run_and_lists_training_files_changed_since(tmp_p
 
 
 def test_code_report_sets_apart_files_the_cells_recipe_does_not_import(tmp_path):
-    import subprocess
-
     from diffzoo.study import provenance
 
     repo = tmp_path / "repo"
-    (repo / "diffzoo" / "data").mkdir(parents=True)
-    (repo / "rec").mkdir()
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                              check=True, capture_output=True, text=True).stdout.strip()
-
-    git("init", "-q")
+    git = _scratch_repo(repo, "diffzoo/data", "rec")
     (repo / "diffzoo" / "data" / "synth.py").write_text("v = 1\n")
     git("add", "-A")
     git("commit", "-q", "-m", "code")
