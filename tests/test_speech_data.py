@@ -111,6 +111,24 @@ def test_synthesised_set_is_voice_disjoint_non_silent_and_cached(tmp_path: Path,
             assert torch.equal(remade[split][key], data[split][key]), (split, key)
 
 
+def test_a_set_made_by_another_program_is_the_same_and_a_failed_synthesis_says_so(tmp_path: Path) -> None:
+    """A script with no ``if __name__ == "__main__"`` guard synthesises the same set as this process does."""
+    import subprocess
+    import sys
+
+    cfg = tiny_synth_config()
+    here = load_or_synthesize(cfg, tmp_path / "here", show_progress=False)
+    script = ("from diffzoo.data.synth import SynthConfig, load_or_synthesize\n"
+              f"load_or_synthesize(SynthConfig(words={TINY_WORDS!r}, clips_per_word=(3, 1, 1), "
+              f"silence_clips=(3, 1, 1)), {str(tmp_path / 'there')!r}, show_progress=False)\n")
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, timeout=600)
+    there = torch.load(next((tmp_path / "there").glob("synth_keywords_*.pt")), weights_only=True)
+    assert all(torch.equal(here[s]["waves"], there[s]["waves"]) for s in synth.SPLITS)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(RuntimeError, match="failed in its own process"):
+        load_or_synthesize(cfg, tmp_path / "a-file" / "cache", show_progress=False)
+
+
 def test_synthesis_is_seeded_and_depends_on_the_engines_history() -> None:
     """What the fresh process in load_or_synthesize is for: one engine, the same seed, the same utterance twice
     gives different samples (state carried over), and a whispered voice's noise follows the seed."""

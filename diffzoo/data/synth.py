@@ -309,8 +309,8 @@ def load_or_synthesize(config: SynthConfig, cache_dir: os.PathLike = "data/cache
                        show_progress: bool = True) -> dict:
     """The synthesised set for ``config``: read from ``cache_dir/<key>.pt``, or made once and written there.
 
-    The set is made in a child process with a freshly loaded espeak-ng (see the module's notes), so it does
-    not depend on what this process spoke before.
+    The set is made in a process of its own with a freshly loaded espeak-ng (see the module's notes), so it
+    does not depend on what this process spoke before.
 
     Returns a dict with ``config`` (as a dict), ``voices`` (split -> variant names) and, per split,
     ``{"waves", "words", "voices"}`` tensors.
@@ -321,13 +321,30 @@ def load_or_synthesize(config: SynthConfig, cache_dir: os.PathLike = "data/cache
             return torch.load(path, weights_only=True)
         except Exception as e:  # a truncated file from a killed run: make it again
             log.warning("cache %s is unreadable (%s); synthesising again", path, e)
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    # spawn, not fork: a forked child would inherit this process's espeak-ng state
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pool.submit(synthesize_to, config, str(path), show_progress).result()
+    _synthesize_in_child(config, path, show_progress)
     return torch.load(path, weights_only=True)
+
+
+_CHILD = "import sys; from diffzoo.data.synth import _child_main; _child_main(sys.argv[1:])"
+
+
+def _synthesize_in_child(config: SynthConfig, path: Path, show_progress: bool) -> None:
+    """:func:`synthesize_to` in a new interpreter (a fresh espeak-ng). A plain subprocess, not multiprocessing,
+    whose spawn would import the caller's ``__main__`` again and whose fork would inherit the engine's state."""
+    import subprocess
+
+    package_root = str(Path(__file__).resolve().parents[2])  # the diffzoo this process imported, first
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    args = [json.dumps(asdict(config)), str(path), "1" if show_progress else "0"]
+    done = subprocess.run([sys.executable, "-c", _CHILD, *args], env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"synthesising {path} failed in its own process (exit status {done.returncode}; "
+                           "its error is printed above)")
+
+
+def _child_main(argv: Sequence[str]) -> None:
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(argv[0]).items()}
+    synthesize_to(SynthConfig(**fields), argv[1], argv[2] == "1")
 
 
 def synthesize_to(config: SynthConfig, path: str, show_progress: bool = True) -> None:
