@@ -18,8 +18,9 @@ espeak-ng has two sources of variation between syntheses of the same text. Its n
 waveform generator keeps state (such as the glottal phase) from one utterance to the next, in globals
 of the library that no API call resets. So a set is synthesised in a process of its own, from a freshly
 loaded library, with the noise generator seeded for every clip: the same :class:`SynthConfig` and the
-same espeak-ng build give the same samples on any machine and in any process, and the cache only saves
-the time of making them again.
+same espeak-ng build give the same samples in any process, and the cache only saves the time of making
+them again. (The resampling to 16 kHz is float arithmetic: a CPU that rounds differently may move a
+sample by one step.)
 """
 
 from __future__ import annotations
