@@ -46,6 +46,7 @@ from .recipe import RECIPE, lr_grid
 from .runs import (
     FINAL_SEED,
     FINISH_BY_HELP,
+    MACHINE_KEYS,
     Finishing,
     RecordsBusy,
     carry_on_after_finish_by,
@@ -1039,9 +1040,6 @@ def verify_cell(records: Path, cell_name: str, variants: Sequence[str], out: Pat
                          "parted_at_step": now[same][0] if same < min(len(then), len(now)) else None,
                          "machine_then": {k: (old.get("code") or {}).get(k) for k in MACHINE_KEYS}})
     return rows
-
-
-MACHINE_KEYS = ("cpu", "cpu_model", "threads")  # of a code stamp: where a run was trained
 
 
 def _machine(stamp: dict) -> str:

@@ -38,9 +38,8 @@ def git(root: Path, *args: str) -> str:
 def code_stamp(root: Path | None = None) -> dict:
     """What code trains a run: the repository's commit, the files under :data:`CODE_PATHS` that differ from it
     (changed, added or deleted, as ``git status`` lists them), the versions of torch and Lightning, and the machine
-    (:func:`machine_stamp`). With no
-    git checkout (an installed package) ``commit`` is None. Recorded with every run, so a later reader can tell
-    whether a table's runs were trained by the code that is there now."""
+    (:func:`machine_stamp`). With no git checkout (an installed package) ``commit`` is None. Recorded with every
+    run, so a later reader can tell whether a table's runs were trained by the code that is there now."""
     from importlib.metadata import PackageNotFoundError, version
 
     root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
@@ -59,6 +58,9 @@ def code_stamp(root: Path | None = None) -> dict:
         except PackageNotFoundError:
             versions[package] = None
     return {"commit": commit, "changed": changed, **versions, **machine_stamp()}
+
+
+MACHINE_KEYS = ("cpu", "cpu_model", "threads")  # what machine_stamp adds to a code stamp: where a run was trained
 
 
 def machine_stamp() -> dict:
