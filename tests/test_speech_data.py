@@ -151,6 +151,10 @@ def test_synth_dataset_labels_noise_and_determinism(tmp_path: Path) -> None:
     wave, label, length = val[0]
     assert wave.shape == (16000,) and length == 16000 and names[label] == "yes"
     assert torch.equal(val[0][0], wave)  # evaluation noise is fixed per clip
+    wave.zero_()  # a caller's copy: the clip the split keeps is unchanged, and is what a fresh split renders
+    fresh = SynthKeywordDataset(data["val"], cfg.words, "val", num_classes=12)
+    assert torch.equal(val[0][0], fresh[0][0]) and bool(val[0][0].any())
+    wave = val[0][0]
     clean = data["val"]["waves"][val.rows[0]].float() / 32767
     assert (wave - clean).abs().mean() > 1e-3  # noise was mixed in
     silence = next(i for i, y in enumerate(val.labels) if names[y] == SILENCE)
@@ -179,6 +183,25 @@ def test_fixed_snr_sets_the_noise_of_every_split(tmp_path: Path) -> None:
     a, b = loud.val_set[spoken][0], quiet.val_set[spoken][0]  # same clip, gain, shift and noise draw
     # speech power P plus noise power P/100 at +20 dB and 10 P at -10 dB: about 11 times the power
     assert 8 < float(b.pow(2).mean() / a.pow(2).mean()) < 14
+
+
+def test_colored_noise_has_the_distribution_of_filtered_white_noise() -> None:
+    """Drawing the spectrum directly gives what shaping the FFT of white noise gives: the mean power of every
+    bin, the DC and Nyquist bins (real, twice the variance) included, over many draws of either length parity."""
+    def filtered(n: int, beta: float, gen: torch.Generator) -> torch.Tensor:
+        spectrum = torch.fft.rfft(torch.randn(n, generator=gen))
+        noise = torch.fft.irfft(spectrum / torch.arange(n // 2 + 1).clamp_min(1) ** (beta / 2), n=n)
+        return noise / noise.pow(2).mean().sqrt()
+
+    gen = torch.Generator().manual_seed(0)
+    for n in (64, 63):
+        for beta in (0.0, 1.5):
+            power = {name: torch.stack([torch.fft.rfft(f(n, beta, gen)).abs().pow(2) for _ in range(4000)]).mean(0)
+                     for name, f in (("direct", synth.colored_noise), ("filtered", filtered))}
+            # each bin's mean over 4,000 draws: a chi-square mean's relative error is about 2-3 %
+            ratio = power["direct"] / power["filtered"]
+            assert (ratio - 1).abs().max() < 0.12, (n, beta, ratio)
+            assert abs(float(ratio[0]) - 1) < 0.12 and abs(float(ratio[-1]) - 1) < 0.12
 
 
 def test_colored_noise_and_mixing() -> None:

@@ -110,6 +110,15 @@ def test_frontend_shapes_masks_and_specaugment() -> None:
     assert ((masked == 0).all(dim=2).any(dim=1) | (masked == 0).all(dim=1).any(dim=1)).all()
 
 
+def test_power_spectrum_is_torchaudios() -> None:
+    """The frontend's |STFT|^2 (a sum of squares) against torchaudio's Spectrogram with the same settings."""
+    model = _tiny(global_pool="avg").eval()
+    wave = 0.1 * torch.randn(2, 16000, generator=torch.Generator().manual_seed(0))
+    ours = model.frontend._power_spectrum(wave)
+    theirs = model.frontend.mel.spectrogram(wave)
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs, rtol=1e-5, atol=1e-9 * float(theirs.max()))
+
+
 @pytest.mark.parametrize("num_samples", [880, 1000, 4000, 8000])
 def test_framing_gives_token_counts_and_times(num_samples: int) -> None:
     model = _tiny(patch_time=3, hop_length=200, max_seconds=1.0)

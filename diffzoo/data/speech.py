@@ -382,6 +382,7 @@ class SynthKeywordDataset(_SkipsBadAudio):
         self.rows, self.labels = rows, labels
         self.voices = data["voices"][rows]
         self.init_skipping(len(rows), substitute=self.training)
+        self._rendered: dict[int, tuple[Tensor, float | None]] = {}  # evaluation splits: clips rendered so far
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -392,8 +393,16 @@ class SynthKeywordDataset(_SkipsBadAudio):
     def _render(self, index: int) -> tuple[Tensor, float | None]:
         """Clip ``index`` with its noise mixed in, and the speech-to-noise ratio it was mixed at (None for a
         silence clip, which is noise only). Evaluation splits draw from a generator seeded by the clip, so
-        rendering a clip again gives the same wave and ratio."""
-        gen = None if self.training else _eval_generator(self.seed, self.split, index)
+        a clip renders the same every time: they render each clip once and keep it (every validation pass
+        reads the same clips)."""
+        if self.training:
+            return self._draw(index, None)
+        if index not in self._rendered:
+            self._rendered[index] = self._draw(index, _eval_generator(self.seed, self.split, index))
+        wave, snr = self._rendered[index]
+        return wave.clone(), snr  # a caller may change its copy in place
+
+    def _draw(self, index: int, gen: torch.Generator | None) -> tuple[Tensor, float | None]:
         wave = self.waves[self.rows[index]].float() / 32767.0
 
         def uniform(lo_hi: tuple[float, float]) -> float:

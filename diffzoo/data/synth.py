@@ -29,6 +29,7 @@ import ctypes
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -182,10 +183,22 @@ def trim_silence(wave: Tensor, threshold: float = 0.02) -> Tensor:
 
 
 def colored_noise(num_samples: int, beta: float, generator: torch.Generator | None = None) -> Tensor:
-    """Unit-RMS noise with power spectrum ``1 / f**beta`` (0 white, 1 pink, 2 brown); ``(num_samples,)``."""
-    spectrum = torch.fft.rfft(torch.randn(num_samples, generator=generator))
-    freqs = torch.arange(spectrum.shape[0], dtype=torch.float32).clamp_min(1.0)
-    noise = torch.fft.irfft(spectrum / freqs ** (beta / 2), n=num_samples)
+    """Unit-RMS noise with power spectrum ``1 / f**beta`` (0 white, 1 pink, 2 brown); ``(num_samples,)``.
+
+    White Gaussian noise has a spectrum of independent Gaussian bins (real and imaginary parts of equal
+    variance; the DC bin, and for an even length the Nyquist bin, real with twice that variance). That
+    spectrum is drawn directly and shaped, so one inverse FFT makes the clip: the distribution of filtering
+    white noise, at half the FFT work (the training set draws a clip's noise on every read).
+    """
+    bins = num_samples // 2 + 1
+    parts = torch.randn(2, bins, generator=generator)
+    parts[1, 0] = 0.0
+    parts[0, 0] *= math.sqrt(2.0)
+    if num_samples % 2 == 0:
+        parts[1, -1] = 0.0
+        parts[0, -1] *= math.sqrt(2.0)
+    freqs = torch.arange(bins, dtype=torch.float32).clamp_min(1.0)
+    noise = torch.fft.irfft(torch.complex(parts[0], parts[1]) / freqs ** (beta / 2), n=num_samples)
     return noise / noise.pow(2).mean().sqrt().clamp_min(1e-8)
 
 

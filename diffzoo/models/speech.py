@@ -184,15 +184,16 @@ class LogMelFrontend(nn.Module):
     def _power_spectrum(self, wave: Tensor) -> Tensor:
         """``|STFT|^2`` ``(B, n_fft // 2 + 1, frames)`` with the window and settings of ``self.mel``.
 
-        The same computation as torchaudio's ``Spectrogram``, whose option parsing ``torch.compile``
-        cannot trace; the mel filterbank is then torchaudio's own (``self.mel.mel_scale``).
+        The same computation as torchaudio's ``Spectrogram`` (which squares ``abs``; the sum of squares here
+        is equal up to rounding and cheaper), whose option parsing ``torch.compile`` cannot trace; the mel
+        filterbank is then torchaudio's own (``self.mel.mel_scale``).
         """
         stft = self.mel.spectrogram
         spec = torch.stft(
             wave, n_fft=stft.n_fft, hop_length=stft.hop_length, win_length=stft.win_length, window=stft.window,
             center=False, normalized=False, onesided=True, return_complex=True,
         )
-        return spec.abs().pow(2.0)
+        return torch.view_as_real(spec).pow(2).sum(-1)  # |z|^2 as re^2 + im^2: no square root to undo
 
     def prepare(self, wave: Tensor, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The waveform as ``(B, T)``, zero-padded to at least one window, and valid samples ``(B,)``.
