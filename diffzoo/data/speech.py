@@ -403,6 +403,8 @@ class SynthKeywordDataset(_SkipsBadAudio):
         return wave.clone(), snr  # a caller may change its copy in place
 
     def _draw(self, index: int, gen: torch.Generator | None) -> tuple[Tensor, float | None]:
+        """One rendering of clip ``index``: noise, gain, shift and SNR drawn from ``gen`` (None: torch's global
+        generator, the training split's fresh draw on every read)."""
         wave = self.waves[self.rows[index]].float() / 32767.0
 
         def uniform(lo_hi: tuple[float, float]) -> float:
