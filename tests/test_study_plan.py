@@ -67,6 +67,12 @@ def test_recipe_arguments_state_one_rule_for_every_family():
                for c in plan.CELLS if c.epochs_factor is not None)
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
+    # the noisiest speech pairs with the speech cell: same task, models and budget, only the noise level fixed
+    noisy, speech = by_name["speech-noisy"], by_name["speech"]
+    assert (noisy.family, noisy.epochs, noisy.size_args) == (speech.family, speech.epochs, speech.size_args)
+    assert noisy.extra == (*speech.extra, "--data.init_args.snr_fixed_db=-10") and noisy.superseded_by is None
+    assert all(by_name[c.superseded_by].epochs > (c.epochs or 0) for c in plan.CELLS
+               if c.family == "speech" and c.superseded_by)  # every earlier speech budget is shorter than the task's
 
 
 def _fake(values, calls):
