@@ -692,6 +692,24 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         root / "docs" / "study.md").read_text()
     moved, record, runs = quoted_v1_moves("lm-xs-16k")
     assert record["runs"][runs[2]]["plateau"]["flat"] and f"settled {moved[2]:.3f} nats worse" in page
+    # the smallest LM (10 k): no final run flat, the mean tail gains, and the size trend's reading of the LM: each
+    # variant's test loss per size, the gaps to softmax, and the parameters each needs for softmax's smallest loss
+    lm_xxs = size_cell("lm-xxs", 3, " nats")
+    assert not any(r["plateau"]["flat"] for r in lm_xxs)  # "None of the 15 final runs met the plateau rule"
+    xxs_tail = per_variant(lm_xxs, lambda r: r["plateau"]["gain"])
+    assert "fell over the last fifth of the steps by {:.3f} nats for softmax, {:.3f} for V1 and {:.3f} for V2".format(
+        *(xxs_tail[v] for v in plan.MAIN)) in page
+    lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
+    assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
+    by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
+    for v, label in (("softmax", "Softmax"), ("diff", "V1"), ("diff_v2_matched", "V2")):
+        losses = " / ".join(f"{by_size[c, v]['mean']:.3f}" for c in ("lm-xxs", "lm-xs-16k", "lm"))
+        assert f"{label} {losses}" in page, (v, losses)
+    needs = {v: plan.parameters_for(lm_trend, v, by_size["lm-xxs", "softmax"]["mean"], False)
+             for v in ("diff", "diff_v2_matched")}
+    assert all(needs.values()) and all(n > by_size["lm-xxs", "softmax"]["parameters"] for n in needs.values())
+    assert "V1 needs about {:.1f} k parameters and V2 about {:.1f} k".format(
+        needs["diff"] / 1e3, needs["diff_v2_matched"] / 1e3) in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
