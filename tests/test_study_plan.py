@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diffzoo.stats import holm
+from diffzoo.stats import compare, holm
 from diffzoo.study import plan, sweep
 from diffzoo.study.families import FAMILIES, run_name
 from diffzoo.study.recipe import RECIPE, Budget, lr_grid, plateau, recipe_args
@@ -710,6 +710,21 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert all(needs.values()) and all(n > by_size["lm-xxs", "softmax"]["parameters"] for n in needs.values())
     assert "V1 needs about {:.1f} k parameters and V2 about {:.1f} k".format(
         needs["diff"] / 1e3, needs["diff_v2_matched"] / 1e3) in page
+    # the largest ViT (1.8 M): every final run flat, V2 against V1, and the size trend's reading of the ViT (each
+    # variant's top-1 per size and its gain from the middle size to the largest)
+    vit_l = size_cell("vit-l", 2, " %")
+    assert all(r["plateau"]["flat"] for r in vit_l)  # "All 15 final runs met the plateau rule"
+    v2 = [plan.metric_value(r, "test/top1") * 100 for r in vit_l if r["variant"] == "diff_v2_matched"]
+    v1 = [plan.metric_value(r, "test/top1") * 100 for r in vit_l if r["variant"] == "diff"]
+    c = compare(v2, v1).as_dict()
+    assert "V2 - V1 {:+.2f} [{:+.2f}, {:+.2f}], p {:.3f}".format(
+        c["diff"], c["ci_low"], c["ci_high"], c["p_perm"]) in page
+    vit_trend = {(p["cell"], p["variant"]): p for p in plan.size_trend(root / plan.RECORDS, plan.CELLS)["vit"]}
+    for v, label in (("softmax", "Softmax"), ("diff", "V1"), ("diff_v2_matched", "V2")):
+        tops = " / ".join(f"{vit_trend[c, v]['mean']:.2f}" for c in ("vit-xs", "vit", "vit-l"))
+        assert f"{label} {tops}" in page, (v, tops)
+    gains = [vit_trend["vit-l", v]["mean"] - vit_trend["vit", v]["mean"] for v in plan.MAIN]
+    assert "softmax gained {:+.2f} points, V1 {:+.2f} and V2 {:+.2f}".format(*gains) in page
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
