@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diffzoo.stats import compare, holm
+from diffzoo.stats import holm
 from diffzoo.study import plan, sweep
 from diffzoo.study.families import FAMILIES, run_name
 from diffzoo.study.recipe import RECIPE, Budget, lr_grid, plateau, recipe_args
@@ -714,9 +714,9 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # variant's top-1 per size and its gain from the middle size to the largest)
     vit_l = size_cell("vit-l", 2, " %")
     assert all(r["plateau"]["flat"] for r in vit_l)  # "All 15 final runs met the plateau rule"
-    v2 = [plan.metric_value(r, "test/top1") * 100 for r in vit_l if r["variant"] == "diff_v2_matched"]
-    v1 = [plan.metric_value(r, "test/top1") * 100 for r in vit_l if r["variant"] == "diff"]
-    c = compare(v2, v1).as_dict()
+    vit = FAMILIES["vit"]
+    c = next(r["vs"] for r in tables.comparison_rows(vit, vit_l, "diff", vit.test_metric)
+             if r["variant"] == "diff_v2_matched")
     assert "V2 - V1 {:+.2f} [{:+.2f}, {:+.2f}], p {:.3f}".format(
         c["diff"], c["ci_low"], c["ci_high"], c["p_perm"]) in page
     vit_trend = {(p["cell"], p["variant"]): p for p in plan.size_trend(root / plan.RECORDS, plan.CELLS)["vit"]}
