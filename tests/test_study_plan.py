@@ -61,7 +61,8 @@ def test_recipe_arguments_state_one_rule_for_every_family():
         assert max(b / a for a, b in zip(lrs, lrs[1:])) <= 2.0 + 1e-9
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
-                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k", "cluttered-120ep", "lm-xxs", "speech-160ep"}
+                      "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k", "cluttered-120ep", "lm-xxs", "speech-160ep",
+                      "lm-xxs-32k"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
@@ -699,6 +700,23 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     xxs_tail = per_variant(lm_xxs, lambda r: r["plateau"]["gain"])
     assert "fell over the last fifth of the steps by {:.3f} nats for softmax, {:.3f} for V1 and {:.3f} for V2".format(
         *(xxs_tail[v] for v in plan.MAIN)) in page
+    # ... and its three-seed check at 32,000 steps: means (each seed paired with its own run), no run flat, V1's gain
+    # just over the tolerance (from two of three seeds) and the others' none, the validation deficits to softmax, and
+    # the cell that the check moved the size to
+    check = quoted_check("lm-xxs")
+    assert all(check[v]["seeds"] == [0, 1, 2] and check[v]["flat_longer_n"] == 0 for v in plan.MAIN)
+    gains = {v: check[v]["budget"] - check[v]["longer"] for v in plan.MAIN}
+    assert 0.01 <= gains["diff"] / check["diff"]["budget"] < 0.0105  # "1.03 % of its loss, just over ... 1 %"
+    assert f"V1's gain is {100 * gains['diff'] / check['diff']['budget']:.2f} % of its loss" in page
+    assert max(gains["softmax"], gains["diff_v2_matched"]) < 0.001
+    moved, _, _ = quoted_v1_moves("lm-xxs")
+    assert sum(m < 0 for m in moved) == 2  # "it comes from two of its three seeds"
+    deficit = {k: {v: check[v][k] - check["softmax"][k] for v in ("diff", "diff_v2_matched")}
+               for k in ("budget", "longer")}
+    assert "V1's validation deficit to softmax fell from {:.3f} to {:.3f} nats, V2's stayed at {:.3f}-{:.3f}".format(
+        deficit["budget"]["diff"], deficit["longer"]["diff"], *sorted(deficit[k]["diff_v2_matched"]
+                                                                     for k in ("budget", "longer"))) in page
+    assert next(c for c in plan.CELLS if c.name == "lm-xxs").superseded_by == "lm-xxs-32k"
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
