@@ -717,6 +717,17 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         deficit["budget"]["diff"], deficit["longer"]["diff"], *sorted(deficit[k]["diff_v2_matched"]
                                                                      for k in ("budget", "longer"))) in page
     assert next(c for c in plan.CELLS if c.name == "lm-xxs").superseded_by == "lm-xxs-32k"
+    # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
+    # lr (seeds 0 / 1 / 2) and the lrs' means, from the records
+    needle = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "needle"))
+    grid: dict[float, dict[int, float]] = {}
+    for r in needle["runs"].values():
+        if r["variant"] == "softmax" and r["seed"] < plan.FINAL_SEED:
+            grid.setdefault(r["lr"], {})[r["seed"]] = 100 * plan.metric_value(r, "val/needle_acc")
+    quoted_lrs = [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
+    for lr in quoted_lrs:
+        assert "{:.1f} / {:.1f} / {:.1f}".format(*(grid[lr][s] for s in range(3))) in page, lr
+    assert "(grid means {} %)".format(" / ".join(f"{sum(grid[lr].values()) / 3:.1f}" for lr in quoted_lrs)) in page
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
