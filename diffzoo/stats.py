@@ -3,13 +3,14 @@
 Every comparison in the study is two small samples of per-seed values (one per training seed) of the
 same metric, e.g. five differential runs against five softmax runs::
 
-    from diffzoo.stats import compare, holm
+    from diffzoo.stats import compare, fisher_exact, holm
 
     c = compare([84.1, 85.0, 84.7], [83.2, 83.9, 83.5])
     c.diff, c.ci_low, c.ci_high     # difference of means (a - b) and its 95 % Welch interval
     c.t, c.df, c.p_welch            # Welch's t, its degrees of freedom, two-sided p
     c.p_perm, c.perm_exact          # permutation p over every split of the 6 values (exact: True)
     holm([0.01, 0.04, 0.03])        # family-wise adjusted p-values, same order
+    fisher_exact(2, 8, 7, 8)        # Fisher's exact p: 2 of 8 runs succeed against 7 of 8
 
 The permutation test uses the difference of means as its statistic and counts the splits whose
 absolute difference is at least the observed one (two-sided). With up to ``EXACT_LIMIT`` distinct
@@ -40,7 +41,7 @@ from scipy import stats as _st
 from scipy.special import expit as _expit
 
 __all__ = ["EXACT_LIMIT", "ClusterBootstrap", "Comparison", "SnrInteraction", "cluster_bootstrap_diff", "compare",
-           "describe", "holm", "permutation_p", "snr_interaction", "welch"]
+           "describe", "fisher_exact", "holm", "permutation_p", "snr_interaction", "welch"]
 
 # Enumerate every split when there are at most this many (10 + 10 seeds: C(20, 10) = 184,756).
 EXACT_LIMIT = 200_000
@@ -130,6 +131,16 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p[i]))
         out[i] = running
     return out.tolist()
+
+
+def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int) -> float:
+    """Two-sided p of Fisher's exact test that ``k_a`` successes in ``n_a`` runs and ``k_b`` in ``n_b`` come from
+    one success rate (every table with the same margins that is no more likely than the observed one counts).
+    For outcomes that split into two kinds, such as runs that learn a task and runs that stay at chance."""
+    for k, n, name in ((k_a, n_a, "a"), (k_b, n_b, "b")):
+        if int(k) != k or int(n) != n or not 0 <= k <= n or n < 1:
+            raise ValueError(f"fisher_exact: sample {name} needs 0 <= successes <= runs and runs >= 1, got {k} of {n}")
+    return float(_st.fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue)
 
 
 @dataclass(frozen=True)

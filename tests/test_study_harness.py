@@ -565,6 +565,39 @@ def test_ablation_rows_compare_each_variant_with_its_parent():
     assert table.count("\n") == 4 and "| diff | softmax_wide |" in table
 
 
+def test_fisher_exact_by_hand_and_bad_counts():
+    # 4 of 4 against 0 of 4: with margins 4/4, only this table and its mirror are as unlikely: 2 / C(8, 4)
+    assert stats.fisher_exact(4, 4, 0, 4) == pytest.approx(2 / math.comb(8, 4))
+    # 2 of 8 against 7 of 8: the hypergeometric tables (9 successes in 16, 8 drawn) no likelier than k = 2
+    probs = [math.comb(8, k) * math.comb(8, 9 - k) / math.comb(16, 9) for k in range(1, 9)]
+    observed = probs[2 - 1]
+    assert stats.fisher_exact(2, 8, 7, 8) == pytest.approx(sum(q for q in probs if q <= observed * (1 + 1e-9)))
+    assert stats.fisher_exact(3, 8, 3, 8) == pytest.approx(1.0)
+    for bad in ((5, 4, 0, 4), (-1, 4, 0, 4), (0, 0, 0, 4), (1.5, 4, 0, 4)):
+        with pytest.raises(ValueError, match="successes"):
+            stats.fisher_exact(*bad)
+
+
+def test_success_rows_count_the_seeds_that_learn_and_compare_the_counts():
+    from diffzoo.study import FAMILIES, tables
+
+    family = FAMILIES["needle"]
+    assert family.success == 50.0
+    values = {"softmax": [0.95, 0.50, 0.97, 0.99], "diff": [0.25, 0.49, float("nan"), 0.10]}
+    runs = [{"variant": v, "seed": 100 + i, "summary": {"metrics": {"test/needle_acc": x}}}
+            for v, xs in values.items() for i, x in enumerate(xs)]
+    rows = {r["variant"]: r for r in tables.success_rows(family, runs[::-1], "softmax", "test/needle_acc")}
+    # 50.0 counts (the threshold is reached), 49.0 and a diverged run (nan) do not; values in seed order
+    assert (rows["softmax"]["k"], rows["softmax"]["n"], rows["diff"]["k"], rows["diff"]["n"]) == (4, 4, 0, 4)
+    assert rows["softmax"]["values"] == pytest.approx([95.0, 50.0, 97.0, 99.0])
+    assert "p_fisher" not in rows["softmax"] and rows["diff"]["p_fisher"] == pytest.approx(2 / 70)
+    table = tables.success_table(family, list(rows.values()), "softmax")
+    assert "| softmax | 4 of 4 | 95.0, 50.0, 97.0, 99.0 | reference |" in table
+    assert "| diff | 0 of 4 | 25.0, 49.0, –, 10.0 | 0.029 |" in table
+    with pytest.raises(ValueError, match="no success threshold"):
+        tables.success_rows(FAMILIES["cluttered"], runs, "softmax", "test/needle_acc")
+
+
 def test_the_study_library_reads_records_without_lightning_and_recipes_sweep_is_its_command_line():
     """diffzoo.study loads (and reads a record) with no Lightning import: the trainings run elsewhere."""
     import subprocess

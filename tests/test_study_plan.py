@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from diffzoo.stats import holm
+from diffzoo.stats import fisher_exact, holm
 from diffzoo.study import plan, sweep
 from diffzoo.study.families import FAMILIES, run_name
 from diffzoo.study.recipe import PLATEAU_TOL, RECIPE, Budget, lr_grid, plateau, recipe_args
@@ -170,6 +170,22 @@ def test_headline_applies_one_holm_over_every_cell(tmp_path):
     assert "| 24, 0.4 | `python -m recipes.study run --cells lm` |" in table  # each row: its runs, hours, command
     assert "| cluttered | running: 6 runs recorded, 6 of 24 main final runs |" in table
     assert all(p["flat"] for r in rows for p in r["plateau"])
+
+
+def test_report_counts_the_needle_seeds_that_retrieve_once_a_variant_has_its_final_seeds(tmp_path):
+    best = {"softmax": 2e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
+    finals = {"softmax": [95, 96, 24, 97, 25, 98, 94, 95], "diff": [25, 24, 96, 10, 25, 26, 24, 25],
+              "diff_v2_matched": [96, 97]}  # V2: 2 of 8 final seeds so far, not shown
+    (tmp_path / "needle.json").write_text(json.dumps(_record("needle", best, finals)))
+    cells = [c for c in plan.CELLS if c.name in ("needle", "needle-2x", "vit")]
+    text = plan.report_markdown(tmp_path, cells, plan.headline(tmp_path, cells), tmp_path)
+    assert text.count("### How many final seeds learn the task") == 1 and "(`needle`)" in text
+    assert "| softmax | 6 of 8 | 95.0, 96.0, 24.0, 97.0, 25.0, 98.0, 94.0, 95.0 | reference |" in text
+    assert f"| diff | 1 of 8 | 25.0, 24.0, 96.0, 10.0, 25.0, 26.0, 24.0, 25.0 | {plan.fmt_p(fisher_exact(1, 8, 6, 8))} |" in text
+    assert "| diff_v2_matched |" not in text.split("### How many final seeds")[1]
+    (tmp_path / "needle.json").unlink()
+    empty = plan.report_markdown(tmp_path, cells, plan.headline(tmp_path, cells), tmp_path)
+    assert "How many final seeds" not in empty  # no final runs: no section
 
 
 def test_gap_table_pairs_the_cells_of_one_task_at_each_budget(tmp_path):

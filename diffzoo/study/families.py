@@ -34,6 +34,10 @@ class Family:
     default_variants: tuple[str, ...] = ("softmax", "diff")
     knobs: tuple[str, ...] = ()
     chance: float | None = None  # the metric of uniform guessing, when it is known in closed form
+    # a final run "succeeds" when its test metric (in ``scale`` units) reaches this: for a task whose seeds split
+    # into runs that learn it and runs that stay near chance, the report also counts such runs per variant
+    # and compares the counts with Fisher's exact test (tables.success_rows); None: no such count
+    success: float | None = None
     base_args: tuple[str, ...] = ()  # recipe arguments every run of the family gets, before the variant's
     budget: Budget | None = None  # the study's budget; None: the recipe config's own optimisation settings
     no_test_args: tuple[str, ...] = ("--test_after_fit", "false")  # grid runs: the test set is never scored
@@ -123,7 +127,8 @@ FAMILIES: dict[str, Family] = {
                    "--data.needle_key_letters", "1", "--data.answer_loss", "true",
                    "--data.needle_eval", str(NEEDLE_EVAL), "--data.batch_size", "64", "--data.train_windows", "6400",
                    "--data.test_windows", "128", "--data.val_windows", "128"),
-        budget=Budget(epochs=40, steps_per_epoch=100), resumes_exactly=True),
+        budget=Budget(epochs=40, steps_per_epoch=100), resumes_exactly=True,
+        success=50.0),  # retrieves: twice what copying a random needle's value scores
     "mqar": Family(
         "recipes.mqar", attn_variants(_variant_names()), "val/acc", "test/acc", "query accuracy %, MQAR",
         "mqar.yaml", _plain_seed, ("--quick",), monitor_args=(), default_variants=_MAIN,

@@ -55,7 +55,17 @@ from .runs import (
     records_lock,
 )
 from .sweep import RUN_TIME_SPARE, write_records
-from .tables import ABLATIONS, comparison_rows, fmt, fmt_p, run_plateau, speech_voice_stats, speech_voice_table
+from .tables import (
+    ABLATIONS,
+    comparison_rows,
+    fmt,
+    fmt_p,
+    run_plateau,
+    speech_voice_stats,
+    speech_voice_table,
+    success_rows,
+    success_table,
+)
 
 MAIN = MAIN_VARIANTS
 SHORT = dict(zip(MAIN, ("softmax", "V1", "V2")))  # the main variants' names in plots
@@ -680,7 +690,8 @@ def cell_voice_stats(records: Path, cell: Cell) -> dict:
 def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: Path) -> str:
     """The whole report as markdown, for a file in ``folder`` (its links to the plots in ``records`` are
     relative to it): the headline table, the final seeds' plot, the ablations, speech's voice-level
-    statistics, the budget checks and the size trend, each section as soon as its cells have records.
+    statistics, the count of final seeds that learn a task whose seeds split so (needle retrieval), the budget
+    checks and the size trend, each section as soon as its cells have records.
     ``report`` writes it to ``table.md`` and, with ``--page``, between the page's markers."""
     def link(name: str) -> str:
         return Path(os.path.relpath(records / name, folder)).as_posix()
@@ -698,6 +709,18 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
         if voices["rows"]:
             parts.append(f"### Speech (`{cell.name}`): test voices resampled, and the gap against SNR\n\n"
                          + speech_voice_table(voices))
+    for cell in (c for c in cells if FAMILIES[c.family].success is not None and c.lr_from is None
+                 and c.epochs_factor is None):
+        family = FAMILIES[cell.family]
+        final = complete_final_runs(load(records, cell), cell)[0]
+        if final and family.test_metric:
+            unit = " %" if family.scale == 100.0 else ""
+            parts.append(f"### How many final seeds learn the task (`{cell.name}`)\n\nA run counts when its test "
+                         f"score reaches {family.success:g}{unit}; the counts are a "
+                         "second reading of the headline's runs for a task whose seeds split between learning it and "
+                         "staying near chance (where a mean and a Welch interval describe them poorly). Fisher's "
+                         "exact p is two-sided and outside the study's Holm family.\n\n"
+                         + success_table(family, success_rows(family, final, "softmax", family.test_metric), "softmax"))
     gaps = gap_by_budget(result, cells)
     if gaps:
         parts.append("### The gap against the budget: each task's cells at more than one budget\n\n" + gap_table(gaps)

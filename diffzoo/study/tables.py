@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ..stats import cluster_bootstrap_diff, compare, holm, snr_interaction
+from ..stats import cluster_bootstrap_diff, compare, fisher_exact, holm, snr_interaction
 from .families import FAMILIES, Family, lr_tag, metric_value
 from .recipe import PLATEAU_ABS, PLATEAU_TAIL, PLATEAU_TOL, plateau
 
@@ -119,6 +119,37 @@ ABLATIONS: tuple[tuple[str, str, str], ...] = (
     ("diff_const", "diff", "constant lambda_init 0.8 instead of the depth schedule"),
     ("diff_v2_matched", "softmax", "V2 with the softmax parameter count"),
 )
+
+
+def success_rows(family: Family, runs: list[dict], reference: str, metric: str) -> list[dict]:
+    """Per variant: ``k`` of its ``n`` runs reach ``family.success`` in ``metric`` (in the family's scale; a run
+    that diverged counts as not reaching it), each run's ``values`` (by seed); for variants other than
+    ``reference``, ``p_fisher``: Fisher's exact two-sided p that both counts come from one success rate."""
+    if family.success is None:
+        raise ValueError(f"the family {family.label!r} states no success threshold")
+    rows = []
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        mine = sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
+        values = [family.scale * metric_value(r, metric) for r in mine]
+        rows.append({"variant": variant, "n": len(values), "values": values,
+                     "k": sum(1 for x in values if math.isfinite(x) and x >= family.success)})
+    ref = next((r for r in rows if r["variant"] == reference), None)
+    for r in rows:
+        if ref is not None and r is not ref:
+            r["p_fisher"] = fisher_exact(r["k"], r["n"], ref["k"], ref["n"])
+    return rows
+
+
+def success_table(family: Family, rows: list[dict], reference: str, digits: int = 1) -> str:
+    """Markdown: one line per row of :func:`success_rows`."""
+    unit = " %" if family.scale == 100.0 else ""
+    lines = [f"| variant | runs reaching {family.success:g}{unit} | each run, by seed | Fisher's exact p vs {reference} |",
+             "|---|---|---|---|"]
+    for r in rows:
+        each = ", ".join(fmt(x, digits) for x in r["values"])
+        p = fmt_p(r["p_fisher"]) if "p_fisher" in r else ("reference" if r["variant"] == reference else "–")
+        lines.append(f"| {r['variant']} | {r['k']} of {r['n']} | {each} | {p} |")
+    return "\n".join(lines)
 
 
 def ablation_rows(family: Family, runs: list[dict], metric: str) -> list[dict]:
