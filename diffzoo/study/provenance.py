@@ -24,8 +24,9 @@ from .runs import CODE_PATHS, FINAL_SEED, git
 
 HARNESS = ("diffzoo/study/", "recipes/study.py", "recipes/sweep.py")
 # Training files that only some recipes load: file -> the recipe modules that do (a family's own recipe, data
-# and task modules). A change to one leaves the training of every other recipe as it was, so their runs stay
-# "trained by the code there now" and their paused runs resume. tests/test_study_provenance.py runs every
+# and task modules), or none (the statistics the report computes from finished runs). A change to one leaves the
+# training of every other recipe as it was, so their runs stay "trained by the code there now" and their paused
+# runs resume. tests/test_study_provenance.py runs every
 # family's study command and checks both sides: the recipes named load the file, no other recipe does.
 _SPEECH, _CLIP, _LM = ("recipes.speech_commands",), ("recipes.clip",), ("recipes.lm",)  # lm: the LM and needles
 _MQAR, _CLUTTERED = ("recipes.mqar",), ("recipes.cluttered_digits",)
@@ -39,6 +40,7 @@ ONLY_FOR: dict[str, tuple[str, ...]] = {
     "recipes/mqar.py": _MQAR, "diffzoo/data/mqar.py": _MQAR, "diffzoo/tasks/mqar.py": _MQAR,
     "recipes/cluttered_digits.py": _CLUTTERED, "diffzoo/data/cluttered.py": _CLUTTERED,
     "diffzoo/tasks/cluttered.py": _CLUTTERED, "diffzoo/models/variants.py": _CLUTTERED,
+    "diffzoo/stats.py": (),
 }
 # how a group of runs is dated (cell_code's "how") -> what `code` says of it
 HOW_SAID = {"stamped": "trained", "recorded": "recorded",
