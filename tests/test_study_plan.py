@@ -772,13 +772,15 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the cells whose first final softmax run was trained again with today's code, every metric identical
     verified = json.loads((root / plan.RECORDS / "verify.json").read_text())
 
-    def verified_rows(named: list[str], variant: str) -> tuple[list[dict], str]:
-        """verify.json's rows of ``variant``'s first final run in each named cell, and the page's list of them."""
+    def verified_rows(named: list[str], variant: str, day: str = "2026-12-02") -> tuple[list[dict], str]:
+        """verify.json's rows of ``variant``'s first final run in each named cell, trained again on ``day`` (an
+        entry kept from another machine counts), and the page's list of the cells."""
         rows = []
         for name in named:
             record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
             first = min((r for r in plan.final_runs(record) if r["variant"] == variant), key=lambda r: r["seed"])
-            rows += verified[name][first["name"]]["rows"]
+            rows += next(e for e in plan.verify_entries(verified[name][first["name"]])
+                         if e["when"].startswith(day))["rows"]
         return rows, f"`{'`, `'.join(named[:-1])}` and `{named[-1]}`"
 
     named = ["lm", "mqar", "vit", "vit-40ep", "lm-2k", "cluttered-30ep"]  # trained again on 2026-12-02, identical
@@ -791,6 +793,34 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     for name in ("clip", "speech-40ep"):  # trained again the same day, not identical: the page says how many were
         rows = [r for variant in plan.MAIN for r in verified_rows([name], variant)[0]]
         assert f"`{name}`: {sum(r['identical'] for r in rows)} of {len(rows)} metrics identical" in page
+    # trained again on 2026-12-03 on another machine: what the page says of each cell, from verify.json
+    again = {name: [r for variant in plan.MAIN for r in verified_rows([name], variant, "2026-12-03")[0]]
+             for name in ("vit-xs", "mqar", "lm", "vit")}
+    assert all(r["identical"] for r in again["vit-xs"]) and f"`vit-xs`: all {len(again['vit-xs'])} metrics identical" in page
+    for name in ("mqar", "lm", "vit"):
+        same = sum(r["identical"] for r in again[name])
+        assert f"`{name}`: {same} of {len(again[name])} " in page, name
+    moved = {(r["run"].split("_lr")[0], r["metric"]): r for name in ("mqar", "lm") for r in again[name]}
+    soft = moved["softmax", "test/acc"]
+    assert f"test accuracy {100 * soft['now']:.2f} %) where its record stayed on the 52 % shortcut ({100 * soft['recorded']:.2f} %)" in page
+    v1 = moved["diff", "test/loss"]
+    assert f"V1's by {v1['now'] - v1['recorded']:+.4f} ({v1['recorded']:.4f} -> {v1['now']:.4f})" in page
+    vit_moved = {r["run"].split("_lr")[0]: r for r in again["vit"] if r["metric"] == "test/top1"}
+    soft_vit = vit_moved["softmax"]
+    assert (f"Test top-1 moved by {100 * (soft_vit['now'] - soft_vit['recorded']):+.2f} points (softmax, "
+            f"{100 * soft_vit['recorded']:.2f} -> {100 * soft_vit['now']:.2f} %), "
+            f"{100 * (vit_moved['diff']['now'] - vit_moved['diff']['recorded']):+.2f} (V1) and "
+            f"{100 * (vit_moved['diff_v2_matched']['now'] - vit_moved['diff_v2_matched']['recorded']):+.2f} (V2)") in page
+    vit_sds = " and ".join(f"{r['sd']:.2f}" for v in plan.MAIN for r in result["cells"]["vit"]["rows"] if r["variant"] == v)
+    assert f"against sds of {vit_sds.replace(' and ', ', ', 1)} over each variant's 8 final seeds" in page
+    lm_cell = result["cells"]["lm"]
+    v1_sd = next(r["sd"] for r in lm_cell["rows"] if r["variant"] == "diff")
+    assert f"sd of V1's 8 final seeds ({v1_sd:.3f})" in page and 2.5 < (v1["now"] - v1["recorded"]) / v1_sd < 3.5
+    # the two kinds of machine the page names, both within vit-l's and lm-xxs's records
+    for name in ("vit-l", "lm-xxs"):
+        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+        models = {(r.get("code") or {}).get("cpu_model") for r in record["runs"].values()}
+        assert {"AMD EPYC", "Intel(R) Xeon(R) Processor"} <= models, (name, models)
     # what the prose says survives Holm: exactly these comparisons, each in its own family (study or earlier budgets)
     survives = {(name, r["variant"]) for name, c in result["cells"].items() if c for r in c["rows"]
                 if r.get("p_holm_study", 1.0) < 0.05}
@@ -818,6 +848,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
     assert f"softmax solved {solved['softmax']} of 8" in page
     assert f"V1 {solved['diff']} of 8 above 95 %" in page and solved["diff_v2_matched"] == 8
+    assert FAMILIES["mqar"].success == 95.0  # the report's count uses the prose's threshold
+    p_v1, p_v2 = (fisher_exact(solved[v], 8, solved["softmax"], 8) for v in ("diff", "diff_v2_matched"))
+    assert (f"V1's {solved['diff']} of 8 against softmax's {solved['softmax']} of 8 gives p {p_v1:.3f} and V2's "
+            f"8 of 8 p {p_v2:.3f}") in page
 
 
 def test_results_page_table_is_what_the_records_give():
@@ -1209,7 +1243,21 @@ def test_verify_trains_the_first_final_run_again_and_compares_its_metrics(tmp_pa
                         f"{here['threads']} thread(s)")
     assert len(lines) == 3  # softmax: identical metrics and curve, nothing more said
     plan.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")  # again, softmax only
-    assert set(json.loads((tmp_path / "verify.json").read_text())["mqar"]) == {soft, v1}  # V1's entry kept
+    saved = json.loads((tmp_path / "verify.json").read_text())["mqar"]
+    assert set(saved) == {soft, v1} and "before" not in saved[soft]  # V1's entry kept; same machine: replaced
+    # trained again on another machine: its outcome leads, the first machine's stays under "before"
+    from diffzoo.study import runs as study_runs
+
+    first = saved[soft]
+    other = {**first["code"], "cpu": "AVX2", "cpu_model": "Other CPU"}
+    monkeypatch.setattr(study_runs, "code_stamp", lambda: dict(other))
+    for _ in range(2):  # twice on the other machine: still one entry for each machine
+        plan.verify_lines(tmp_path, ["mqar"], ["softmax"], out=tmp_path / "again")
+        saved = json.loads((tmp_path / "verify.json").read_text())["mqar"]
+        assert saved[soft]["code"]["cpu_model"] == "Other CPU" and saved[soft]["before"] == [first]
+    assert [e["code"]["cpu_model"] for e in plan.verify_entries(saved[soft])] == ["Other CPU", first["code"]["cpu_model"]]
+    old = {"when": "then", "code": {"torch": "2"}, "rows": []}  # an entry from before stamps named the machine
+    assert plan.with_earlier({**first}, {**old, "before": [first]}) == {**first, "before": [old]}
     record["fixed"] = ["--other", "arguments"]  # records made with other recipe arguments are not retrained
     (tmp_path / "mqar.json").write_text(json.dumps(record))
     trained.clear()

@@ -690,7 +690,7 @@ def cell_voice_stats(records: Path, cell: Cell) -> dict:
 def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: Path) -> str:
     """The whole report as markdown, for a file in ``folder`` (its links to the plots in ``records`` are
     relative to it): the headline table, the final seeds' plot, the ablations, speech's voice-level
-    statistics, the count of final seeds that learn a task whose seeds split so (needle retrieval), the budget
+    statistics, the count of final seeds that learn a task whose seeds split so (MQAR, needle retrieval), the budget
     checks and the size trend, each section as soon as its cells have records.
     ``report`` writes it to ``table.md`` and, with ``--page``, between the page's markers."""
     def link(name: str) -> str:
@@ -718,7 +718,8 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
             parts.append(f"### How many final seeds learn the task (`{cell.name}`)\n\nA run counts when its test "
                          f"score reaches {family.success:g}{unit}; the counts are a "
                          "second reading of the headline's runs for a task whose seeds split between learning it and "
-                         "staying near chance (where a mean and a Welch interval describe them poorly). Fisher's "
+                         "staying on a floor, chance or a shortcut (where a mean and a Welch interval describe them "
+                         "poorly). Fisher's "
                          "exact p is two-sided and outside the study's Holm family.\n\n"
                          + success_table(family, success_rows(family, final, "softmax", family.test_metric), "softmax"))
     gaps = gap_by_budget(result, cells)
@@ -1080,11 +1081,35 @@ def _machine(stamp: dict) -> str:
         f"{stamp.get('cpu')} ({stamp.get('cpu_model')}), {stamp.get('threads')} thread(s)"
 
 
+def verify_machine(entry: dict) -> tuple:
+    """The machine a verify.json entry was trained on (:data:`MACHINE_KEYS` of its code stamp; all None for an
+    entry from before stamps named it)."""
+    return tuple((entry.get("code") or {}).get(k) for k in MACHINE_KEYS)
+
+
+def with_earlier(new: dict, old: dict | None) -> dict:
+    """A run's verify.json entry ``new``, replacing ``old``: the outcomes ``old`` held from other machines (itself
+    and its ``before``) stay under ``before``, newest first, one per machine; one from ``new``'s machine is replaced.
+    Float rounding differs between machines, so what one of them found is kept when another trains the run again."""
+    earlier = [] if old is None else [{k: v for k, v in old.items() if k != "before"}, *old.get("before", [])]
+    kept: dict[tuple, dict] = {}
+    for e in earlier:
+        kept.setdefault(verify_machine(e), e)
+    kept.pop(verify_machine(new), None)
+    return {**new, **({"before": list(kept.values())} if kept else {})}
+
+
+def verify_entries(entry: dict) -> list[dict]:
+    """A run's verify.json entry and the earlier ones it keeps from other machines, newest first."""
+    return [{k: v for k, v in entry.items() if k != "before"}, *entry.get("before", [])]
+
+
 def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
                  out: Path = Path("outputs/study-verify")) -> list[str]:
     """``python -m recipes.study verify``: train each cell's chosen runs again (:func:`verify_cell`), add what
     was found to ``<records>/verify.json`` (per cell and run trained again: when, the code stamp, the rows;
-    a later call replaces a run's entry and keeps the others) and say it."""
+    a later call replaces a run's entry from the same machine and keeps those from other machines under
+    ``before``, :func:`with_earlier`; other runs' entries stay) and say it."""
     from .runs import code_stamp
 
     path = Path(records) / VERIFY_FILE
@@ -1100,9 +1125,10 @@ def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
         found = json.loads(path.read_text()) if path.is_file() else {}
         when, code = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), code_stamp()
         for run in dict.fromkeys(r["run"] for r in rows):  # per run trained again: the latest outcome
-            found.setdefault(cell, {})[run or "(cell)"] = {"when": when, "code": code,
-                                                           "rows": [r for r in rows if r["run"] == run],
-                                                           **({"curve": curves[run]} if run in curves else {})}
+            entries = found.setdefault(cell, {})
+            entries[run or "(cell)"] = with_earlier({"when": when, "code": code, "rows": [r for r in rows if r["run"] == run],
+                                                     **({"curve": curves[run]} if run in curves else {})},
+                                                    entries.get(run or "(cell)"))
         path.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         errors = [r for r in rows if "error" in r]
         same = [r for r in rows if r.get("identical")]
