@@ -35,7 +35,7 @@ class Family:
     knobs: tuple[str, ...] = ()
     chance: float | None = None  # the metric of uniform guessing, when it is known in closed form
     # a final run "succeeds" when its test metric (in ``scale`` units) reaches this: for a task whose seeds split
-    # into runs that learn it and runs that stay near chance, the report also counts such runs per variant
+    # into runs that learn it and runs that stay on a floor (chance, a shortcut), the report also counts them per variant
     # and compares the counts with Fisher's exact test (tables.success_rows); None: no such count
     success: float | None = None
     base_args: tuple[str, ...] = ()  # recipe arguments every run of the family gets, before the variant's

@@ -122,8 +122,9 @@ ABLATIONS: tuple[tuple[str, str, str], ...] = (
 
 
 def success_rows(family: Family, runs: list[dict], reference: str, metric: str) -> list[dict]:
-    """Per variant: ``k`` of its ``n`` runs reach ``family.success`` in ``metric`` (in the family's scale; a run
-    that diverged counts as not reaching it), each run's ``values`` (by seed); for variants other than
+    """Per variant: ``k`` of its ``n`` runs reach ``family.success`` in ``metric`` (in the family's scale: at or
+    above it, at or below it for a family whose lower values are better; a run that diverged counts as not
+    reaching it), each run's ``values`` (by seed); for variants other than
     ``reference``, ``p_fisher``: Fisher's exact two-sided p that both counts come from one success rate."""
     if family.success is None:
         raise ValueError(f"the family {family.label!r} states no success threshold")
@@ -132,7 +133,8 @@ def success_rows(family: Family, runs: list[dict], reference: str, metric: str) 
         mine = sorted((r for r in runs if r["variant"] == variant), key=lambda r: r["seed"])
         values = [family.scale * metric_value(r, metric) for r in mine]
         rows.append({"variant": variant, "n": len(values), "values": values,
-                     "k": sum(1 for x in values if math.isfinite(x) and x >= family.success)})
+                     "k": sum(1 for x in values if math.isfinite(x)
+                              and (x >= family.success if family.higher_is_better else x <= family.success))})
     ref = next((r for r in rows if r["variant"] == reference), None)
     for r in rows:
         if ref is not None and r is not ref:
