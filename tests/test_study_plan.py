@@ -743,6 +743,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     for lr in quoted_lrs:
         assert by_lr[lr]["n"] == 3 and "{:.1f} / {:.1f} / {:.1f}".format(*by_lr[lr]["values"]) in page, lr
     assert "(grid means {} %)".format(" / ".join(f"{by_lr[lr]['mean']:.1f}" for lr in quoted_lrs)) in page
+    v1_grid = tables.best_lrs(FAMILIES["needle"], sorted(
+        (r for r in needle["runs"].values() if r["variant"] == "diff" and r["seed"] < plan.FINAL_SEED),
+        key=lambda r: r["seed"]))["diff"]["by_lr"]
+    assert "V1's grid so far: {:.1f} / {:.1f} / {:.1f} % at 5e-4, {:.1f} / {:.1f} / {:.1f} at 1e-3".format(
+        *v1_grid[5e-4]["values"], *v1_grid[1e-3]["values"]) in page
+    assert max(x for lr in (5e-4, 1e-3) for x in v1_grid[lr]["values"]) < FAMILIES["needle"].success  # "none retrieving"
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
