@@ -716,11 +716,10 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
         if final and family.test_metric:
             unit = " %" if family.scale == 100.0 else ""
             parts.append(f"### How many final seeds learn the task (`{cell.name}`)\n\nA run counts when its test "
-                         f"score reaches {family.success:g}{unit}; the counts are a "
-                         "second reading of the headline's runs for a task whose seeds split between learning it and "
-                         "staying on a floor, chance or a shortcut (where a mean and a Welch interval describe them "
-                         "poorly). Fisher's "
-                         "exact p is two-sided and outside the study's Holm family.\n\n"
+                         f"score reaches {family.success:g}{unit}; the counts are a second reading of the headline's "
+                         "runs for a task whose seeds split between learning it and staying on a floor, chance or a "
+                         "shortcut (where a mean and a Welch interval describe them poorly). Fisher's exact p is "
+                         "two-sided and outside the study's Holm family.\n\n"
                          + success_table(family, success_rows(family, final, "softmax", family.test_metric), "softmax"))
     gaps = gap_by_budget(result, cells)
     if gaps:
@@ -1087,21 +1086,20 @@ def verify_machine(entry: dict) -> tuple:
     return tuple((entry.get("code") or {}).get(k) for k in MACHINE_KEYS)
 
 
+def verify_entries(entry: dict) -> list[dict]:
+    """A run's verify.json entry and the earlier ones it keeps from other machines, newest first."""
+    return [{k: v for k, v in entry.items() if k != "before"}, *entry.get("before", [])]
+
+
 def with_earlier(new: dict, old: dict | None) -> dict:
     """A run's verify.json entry ``new``, replacing ``old``: the outcomes ``old`` held from other machines (itself
     and its ``before``) stay under ``before``, newest first, one per machine; one from ``new``'s machine is replaced.
     Float rounding differs between machines, so what one of them found is kept when another trains the run again."""
-    earlier = [] if old is None else [{k: v for k, v in old.items() if k != "before"}, *old.get("before", [])]
     kept: dict[tuple, dict] = {}
-    for e in earlier:
+    for e in [] if old is None else verify_entries(old):
         kept.setdefault(verify_machine(e), e)
     kept.pop(verify_machine(new), None)
     return {**new, **({"before": list(kept.values())} if kept else {})}
-
-
-def verify_entries(entry: dict) -> list[dict]:
-    """A run's verify.json entry and the earlier ones it keeps from other machines, newest first."""
-    return [{k: v for k, v in entry.items() if k != "before"}, *entry.get("before", [])]
 
 
 def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
