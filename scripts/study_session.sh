@@ -10,10 +10,11 @@
 #
 # Environment:
 #   PY            the interpreter (default .venv/bin/python)
-#   COMMIT_EVERY  minutes between commits of the records that changed (default 0: never commit). With it set,
-#                 the script also commits once after the processes end, with the table, plots, results page
-#                 and README summary regenerated (`python -m recipes.study report ...`). A commit holds only the
-#                 study's records folder and those report files, never other work in the tree.
+#   COMMIT_EVERY  minutes (or seconds, as 30s) between commits of the records that changed (default 0: never
+#                 commit), and once more after the processes end. Every commit that adds runs also regenerates
+#                 the table, plots, results page and README summary (`python -m recipes.study report ...`), so
+#                 each commit passes the page tests even if the session is cut off before its end. A commit
+#                 holds only the study's records folder and those report files, never other work in the tree.
 #   LOGS          folder for the logs and pids (default outputs/study/session-<start time>)
 #
 # SIGTERM or Ctrl-C to this script is passed on to the study processes, which pause their runs at a
@@ -22,13 +23,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ $# -lt 2 ]; then
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"  # this header
     exit 2
 fi
 UNTIL=$1
 shift
 PY=${PY:-.venv/bin/python}
 COMMIT_EVERY=${COMMIT_EVERY:-0}
+case $COMMIT_EVERY in
+    *s) PERIOD=${COMMIT_EVERY%s} ;;
+    *) PERIOD=$COMMIT_EVERY ;;
+esac
+if ! [[ $PERIOD =~ ^[0-9]+$ ]]; then
+    echo "study_session: COMMIT_EVERY must be whole minutes or seconds with an s (30s), not '$COMMIT_EVERY'" >&2
+    exit 2
+fi
+[ "$PERIOD" = "$COMMIT_EVERY" ] && PERIOD=$((PERIOD * 60))
 RECORDS=docs/results/study/v0.3
 LOGS=${LOGS:-outputs/study/session-$(date +%Y%m%d-%H%M)}
 mkdir -p "$LOGS"
@@ -50,12 +60,23 @@ print(sys.argv[2], len(d["runs"]), "runs") if "runs" in d else print(sys.argv[2]
     done
 }
 
-commit_records() {  # $1: "final" also regenerates the report
-    local what paths msg
+# the cells' records as they are now (a run that ends while the report is made changes them)
+records_state() {
+    ls "$RECORDS"/*.json | grep -v '/table\.json$' | xargs cat | cksum
+}
+
+commit_records() {  # $1: "final" regenerates the report even if no run was added
+    local what paths msg state tries
     paths=("$RECORDS")
-    if [ "${1:-}" = final ]; then
-        "$PY" -m recipes.study report --page docs/results.md --summary README.md > "$LOGS/report.log" 2>&1 \
-            || echo "study_session: report failed, see $LOGS/report.log" >&2
+    what=$(changed_cells | grep ' runs$' || true)
+    if [ "${1:-}" = final ] || [ -n "$what" ]; then
+        for tries in 1 2 3; do
+            state=$(records_state)
+            "$PY" -m recipes.study report --page docs/results.md --summary README.md > "$LOGS/report.log" 2>&1 \
+                || echo "study_session: report failed, see $LOGS/report.log" >&2
+            [ "$state" = "$(records_state)" ] && break
+            echo "study_session: records changed while the report was made ($tries), making it again" >&2
+        done
         paths+=(docs/results.md README.md)
     fi
     what=$(changed_cells | paste -sd ';' | sed 's/;/; /g')
@@ -108,7 +129,7 @@ last=$(date +%s)
 while alive; do
     sleep 2 &
     wait $! || true  # a signal interrupts the wait; the trap has passed it on
-    if [ "$COMMIT_EVERY" -gt 0 ] && [ $(( $(date +%s) - last )) -ge $((COMMIT_EVERY * 60)) ]; then
+    if [ "$PERIOD" -gt 0 ] && [ $(( $(date +%s) - last )) -ge "$PERIOD" ]; then
         commit_records
         last=$(date +%s)
     fi
@@ -120,7 +141,7 @@ done
 for ((j = 1; j <= i; j++)); do
     echo "study_session: core $j: $(tail -n 1 "$LOGS/core$j.log")"
 done
-if [ "$COMMIT_EVERY" -gt 0 ]; then
+if [ "$PERIOD" -gt 0 ]; then
     commit_records final
 fi
 exit "$status"

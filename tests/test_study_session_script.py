@@ -12,10 +12,13 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "study_session.sh"
 
-# what the script runs as PY: `-m recipes.study run ... --cells A B` records one run in A's records and logs its
-# arguments and thread count; `-m recipes.study report ...` rewrites the results page; `-c` is real Python
+# what the script runs as PY: `-m recipes.study run ... --cells A B` records one run in A's records (with
+# FAKE_SLOW set: a second one FAKE_SLOW seconds later) and logs its arguments and thread count;
+# `-m recipes.study report ...` rewrites the results page with the number of runs it read (with
+# FAKE_RUN_DURING_REPORT set, the first report also adds a run to beta's records, as a run ending while the
+# report is made would); `-c` is real Python
 FAKE_PY = f"""#!{sys.executable}
-import json, os, sys
+import json, os, sys, time
 from pathlib import Path
 args = sys.argv[1:]
 if args[0] == "-c":
@@ -23,15 +26,27 @@ if args[0] == "-c":
     exec(args[1])
     raise SystemExit
 assert args[:2] == ["-m", "recipes.study"], args
-if args[2] == "run":
-    cell = args[args.index("--cells") + 1]
-    path = Path("docs/results/study/v0.3") / f"{{cell}}.json"
+folder = Path("docs/results/study/v0.3")
+def add_run(cell):
+    path = folder / f"{{cell}}.json"
     records = json.loads(path.read_text())
     records["runs"][f"run{{len(records['runs'])}}"] = {{"name": "x"}}
     path.write_text(json.dumps(records))
+if args[2] == "run":
+    cell = args[args.index("--cells") + 1]
+    add_run(cell)
+    if os.environ.get("FAKE_SLOW"):
+        time.sleep(float(os.environ["FAKE_SLOW"]))
+        add_run(cell)
     print("ran", " ".join(args[2:]), "threads", os.environ.get("OMP_NUM_THREADS"))
 elif args[2] == "report":
-    Path("docs/results.md").write_text("table regenerated\\n")
+    n = sum(len(json.loads(p.read_text()).get("runs", {{}})) for p in folder.glob("*.json"))
+    Path("docs/results.md").write_text(f"table from {{n}} runs\\n")
+    marker = Path("outputs/report-ran")
+    if os.environ.get("FAKE_RUN_DURING_REPORT") and not marker.exists():
+        marker.parent.mkdir(exist_ok=True)
+        marker.touch()
+        add_run("beta")
 """
 
 
@@ -64,8 +79,9 @@ def scratch(tmp_path):
     return repo, fake
 
 
-def run_script(repo: Path, fake: Path, *args: str, commit_every: str = "1") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PY": str(fake), "COMMIT_EVERY": commit_every, "LOGS": str(repo / "outputs" / "logs")}
+def run_script(repo: Path, fake: Path, *args: str, commit_every: str = "1", **extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PY": str(fake), "COMMIT_EVERY": commit_every, "LOGS": str(repo / "outputs" / "logs"),
+           **extra}
     return subprocess.run(["bash", "scripts/study_session.sh", *args], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=120)
 
@@ -109,3 +125,34 @@ def test_usage_without_cells(scratch):
     repo, fake = scratch
     done = run_script(repo, fake, "08:30")
     assert done.returncode == 2 and "bash scripts/study_session.sh UNTIL" in done.stdout
+
+
+def test_every_commit_that_adds_runs_holds_the_report_made_from_them(scratch):
+    """A session cut off between commits leaves a commit whose results page is the report of its own records."""
+    repo, fake = scratch
+    done = run_script(repo, fake, "08:30", "alpha", commit_every="1s", FAKE_SLOW="6")
+    assert done.returncode == 0, done.stderr
+    subjects = git(repo, "log", "--format=%s", "HEAD~2..HEAD").splitlines()[::-1]
+    assert subjects == ["study records: alpha 1 runs; table, plots and results page regenerated",
+                        "study records: alpha 2 runs; table, plots and results page regenerated"], subjects
+    assert git(repo, "log", "-1", "--format=%s", "HEAD~2") == "start"
+    assert git(repo, "show", "HEAD~1:docs/results.md") == "table from 1 runs"
+    assert git(repo, "show", "HEAD:docs/results.md") == "table from 2 runs"
+
+
+def test_a_run_recorded_while_the_report_is_made_is_in_the_committed_report(scratch):
+    repo, fake = scratch
+    done = run_script(repo, fake, "08:30", "alpha", FAKE_RUN_DURING_REPORT="1")
+    assert done.returncode == 0, done.stderr
+    assert "records changed while the report was made (1), making it again" in done.stderr
+    assert git(repo, "show", "HEAD:docs/results.md") == "table from 2 runs"
+    assert git(repo, "log", "-1", "--format=%s") == \
+        "study records: alpha 1 runs; beta 1 runs; table, plots and results page regenerated"
+
+
+def test_commit_every_must_be_minutes_or_seconds(scratch):
+    repo, fake = scratch
+    done = run_script(repo, fake, "08:30", "alpha", commit_every="5m")
+    assert done.returncode == 2 and "COMMIT_EVERY must be whole minutes or seconds with an s (30s), not '5m'" \
+        in done.stderr
+    assert not (repo / "outputs" / "logs" / "core1.log").exists()
