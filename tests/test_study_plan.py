@@ -751,9 +751,9 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert max(x for lr in (5e-4, 1e-3) for x in v1_grid[lr]["values"]) < FAMILIES["needle"].success  # "none retrieving"
     at_2e3 = v1_grid[2e-3]["values"]
     assert sum(x >= FAMILIES["needle"].success for x in at_2e3) == 2  # "two of the three" retrieve
-    assert "and {:.1f} / {:.1f} / {:.1f} at 2e-3".format(*at_2e3) in page
-    assert "(two of the three; grid means {} %)".format(
-        " / ".join(f"{v1_grid[lr]['mean']:.1f}" for lr in (5e-4, 1e-3, 2e-3))) in page
+    assert "{:.1f} / {:.1f} / {:.1f} at 2e-3, the first V1 runs to retrieve (two of the three)".format(*at_2e3) in page
+    assert "{:.1f} / {:.1f} / {:.1f} at 4e-3".format(*v1_grid[4e-3]["values"]) in page
+    assert "(grid means {} %)".format(" / ".join(f"{v1_grid[lr]['mean']:.1f}" for lr in (5e-4, 1e-3, 2e-3, 4e-3))) in page
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
