@@ -5,6 +5,7 @@ science)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -594,8 +595,6 @@ def test_success_rows_count_the_seeds_that_learn_and_compare_the_counts():
     table = tables.success_table(family, list(rows.values()), "softmax")
     assert "| softmax | 4 of 4 | 95.0, 50.0, 97.0, 99.0 | reference |" in table
     assert "| diff | 0 of 4 | 25.0, 49.0, –, 10.0 | 0.029 |" in table
-    import dataclasses
-
     lossy = dataclasses.replace(FAMILIES["lm"], success=1.3)  # lower is better: a run reaches 1.3 or less
     losses = [{"variant": "softmax", "seed": s, "summary": {"metrics": {"test/loss": x}}}
               for s, x in enumerate((1.2, 1.3, 1.4))]

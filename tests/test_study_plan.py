@@ -736,16 +736,18 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
     # lr (seeds 0 / 1 / 2) and the lrs' means, as the study's lr selection computes them from the records
     needle = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "needle"))
-    grid_runs = sorted((r for r in needle["runs"].values() if r["variant"] == "softmax" and r["seed"] < plan.FINAL_SEED),
-                       key=lambda r: r["seed"])
-    by_lr = tables.best_lrs(FAMILIES["needle"], grid_runs)["softmax"]["by_lr"]
+    def needle_grid(variant: str) -> dict:
+        """``variant``'s grid in needle's records, per lr: every seed's validation score (by seed) and their mean."""
+        runs = sorted((r for r in needle["runs"].values() if r["variant"] == variant and r["seed"] < plan.FINAL_SEED),
+                      key=lambda r: r["seed"])
+        return tables.best_lrs(FAMILIES["needle"], runs)[variant]["by_lr"]
+
+    by_lr = needle_grid("softmax")
     quoted_lrs = [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
     for lr in quoted_lrs:
         assert by_lr[lr]["n"] == 3 and "{:.1f} / {:.1f} / {:.1f}".format(*by_lr[lr]["values"]) in page, lr
     assert "(grid means {} %)".format(" / ".join(f"{by_lr[lr]['mean']:.1f}" for lr in quoted_lrs)) in page
-    v1_grid = tables.best_lrs(FAMILIES["needle"], sorted(
-        (r for r in needle["runs"].values() if r["variant"] == "diff" and r["seed"] < plan.FINAL_SEED),
-        key=lambda r: r["seed"]))["diff"]["by_lr"]
+    v1_grid = needle_grid("diff")
     assert "V1's grid so far: {:.1f} / {:.1f} / {:.1f} % at 5e-4, {:.1f} / {:.1f} / {:.1f} at 1e-3".format(
         *v1_grid[5e-4]["values"], *v1_grid[1e-3]["values"]) in page
     assert max(x for lr in (5e-4, 1e-3) for x in v1_grid[lr]["values"]) < FAMILIES["needle"].success  # "none retrieving"

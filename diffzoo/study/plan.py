@@ -1123,10 +1123,9 @@ def verify_lines(records: Path, cells: Sequence[str], variants: Sequence[str],
         found = json.loads(path.read_text()) if path.is_file() else {}
         when, code = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), code_stamp()
         for run in dict.fromkeys(r["run"] for r in rows):  # per run trained again: the latest outcome
-            entries = found.setdefault(cell, {})
-            entries[run or "(cell)"] = with_earlier({"when": when, "code": code, "rows": [r for r in rows if r["run"] == run],
-                                                     **({"curve": curves[run]} if run in curves else {})},
-                                                    entries.get(run or "(cell)"))
+            entries, key = found.setdefault(cell, {}), run or "(cell)"
+            entries[key] = with_earlier({"when": when, "code": code, "rows": [r for r in rows if r["run"] == run],
+                                         **({"curve": curves[run]} if run in curves else {})}, entries.get(key))
         path.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         errors = [r for r in rows if "error" in r]
         same = [r for r in rows if r.get("identical")]
