@@ -50,47 +50,65 @@ if [ -n "$dupes" ]; then
     exit 2
 fi
 
-# one line per records file that differs from HEAD: "<cell> N runs"
+# Commits are made from a private index: HEAD plus the study's files as they were when the report was checked,
+# so a run that lands between that check and the commit stays in the working tree for the next commit instead
+# of being committed beside a report that does not have it.
+INDEX=$LOGS/git-index
+staged() { GIT_INDEX_FILE=$INDEX git "$@"; }
+snapshot() { staged read-tree HEAD && staged add -- "$@"; }
+
+# one line per records file in the private index that differs from HEAD: "<cell> N runs"
 changed_cells() {
-    git status --porcelain -- "$RECORDS"/*.json | awk '{print $2}' | while read -r f; do
-        "$PY" -c 'import json, sys
-d = json.load(open(sys.argv[1]))
-print(sys.argv[2], len(d["runs"]), "runs") if "runs" in d else print(sys.argv[2] + ".json updated")' \
-            "$f" "$(basename "$f" .json)"
+    staged diff --cached --name-only -- ":(glob)$RECORDS/*.json" | while read -r f; do
+        staged show ":$f" | "$PY" -c 'import json, sys
+d = json.load(sys.stdin)
+print(sys.argv[1], len(d["runs"]), "runs") if "runs" in d else print(sys.argv[1] + ".json updated")' \
+            "$(basename "$f" .json)"
     done
 }
 
-# the cells' records as they are now (a run that ends while the report is made changes them)
+# the cells' records, as "<path> <blob id>" lines: in the working tree, or with "index" in the private index
 records_state() {
-    ls "$RECORDS"/*.json | grep -v '/table\.json$' | xargs cat | cksum
+    local f
+    if [ "${1:-}" = index ]; then
+        staged ls-files -s -- ":(glob)$RECORDS/*.json" | awk '{print $4, $2}'
+    else
+        for f in "$RECORDS"/*.json; do echo "$f $(git hash-object "$f")"; done
+    fi | grep -v '/table\.json ' | LC_ALL=C sort
 }
 
 commit_records() {  # $1: "final" regenerates the report even if no run was added
     local what paths msg state tries
     paths=("$RECORDS")
+    snapshot "${paths[@]}"
     what=$(changed_cells | grep ' runs$' || true)
     if [ "${1:-}" = final ] || [ -n "$what" ]; then
+        paths+=(docs/results.md README.md)
         for tries in 1 2 3; do
             state=$(records_state)
             "$PY" -m recipes.study report --page docs/results.md --summary README.md > "$LOGS/report.log" 2>&1 \
                 || echo "study_session: report failed, see $LOGS/report.log" >&2
-            [ "$state" = "$(records_state)" ] && break
+            snapshot "${paths[@]}"
+            [ "$state" = "$(records_state index)" ] && break
             echo "study_session: records changed while the report was made ($tries), making it again" >&2
         done
-        paths+=(docs/results.md README.md)
     fi
-    what=$(changed_cells | paste -sd ';' | sed 's/;/; /g')
-    git add -- "${paths[@]}"
-    if git diff --cached --quiet -- "${paths[@]}"; then
+    if staged diff --cached --quiet; then
         return 0
     fi
+    what=$(changed_cells | paste -sd ';' | sed 's/;/; /g')
     msg=${what:+"study records: $what"}
-    if ! git diff --cached --quiet -- docs/results.md README.md "$RECORDS"/*.png "$RECORDS"/table.* 2>/dev/null; then
+    if ! staged diff --cached --quiet -- docs/results.md README.md ":(glob)$RECORDS/*.png" \
+            ":(glob)$RECORDS/table.*"; then
         msg="${msg:+$msg; }table, plots and results page regenerated"
     fi
     msg=${msg:-"study records rewritten (no run added)"}
-    for _ in 1 2 3 4 5; do  # another git command may hold the index for a moment
-        if git commit -q -m "$msg" -- "${paths[@]}"; then
+    for _ in 1 2 3 4 5; do  # another git command may hold the repository's lock for a moment
+        if staged commit -q -m "$msg"; then
+            for _ in 1 2 3 4 5; do  # the shared index takes what was committed
+                git reset -q -- "${paths[@]}" && break
+                sleep 5
+            done
             echo "study_session: committed: $msg"
             return 0
         fi

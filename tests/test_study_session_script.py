@@ -150,6 +150,36 @@ def test_a_run_recorded_while_the_report_is_made_is_in_the_committed_report(scra
         "study records: alpha 1 runs; beta 1 runs; table, plots and results page regenerated"
 
 
+def test_a_run_landing_just_before_the_commit_waits_for_the_next_one(scratch, tmp_path):
+    """The commit holds the records the report was made from: a run that lands after the report's check (here
+    as `git commit` starts) stays in the working tree instead of being committed beside a report without it."""
+    repo, fake = scratch
+    real_git = shutil.which("git")
+    wrapper = tmp_path / "bin" / "git"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = commit ] && [ ! -e outputs/landed ]; then
+    touch outputs/landed
+    {fake} -c 'exec(open("{tmp_path / "land.py"}").read())'
+fi
+exec {real_git} "$@"
+""")
+    wrapper.chmod(0o755)
+    (tmp_path / "land.py").write_text("import json\n"
+                                      "p = 'docs/results/study/v0.3/beta.json'\n"
+                                      "d = json.load(open(p)); d['runs']['late'] = {}; json.dump(d, open(p, 'w'))\n")
+    done = run_script(repo, fake, "08:30", "alpha", PATH=f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    assert done.returncode == 0, done.stderr
+    assert (repo / "outputs" / "landed").exists()
+    assert git(repo, "log", "-1", "--format=%s") == \
+        "study records: alpha 1 runs; table, plots and results page regenerated"
+    assert git(repo, "show", "HEAD:docs/results.md") == "table from 1 runs"
+    assert json.loads(git(repo, "show", "HEAD:docs/results/study/v0.3/beta.json")) == {"runs": {}}
+    # the late run is kept for the next commit, and the shared index matches the new commit
+    assert git(repo, "diff", "--cached", "--name-only") == ""
+    assert git(repo, "diff", "--name-only") == "docs/results/study/v0.3/beta.json"
+
+
 def test_commit_every_must_be_minutes_or_seconds(scratch):
     repo, fake = scratch
     done = run_script(repo, fake, "08:30", "alpha", commit_every="5m")
