@@ -754,8 +754,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     at_2e3 = v1_grid[2e-3]["values"]
     assert sum(x >= FAMILIES["needle"].success for x in at_2e3) == 2  # "two of the three" retrieve
     assert "{:.1f} / {:.1f} / {:.1f} at 2e-3, the first V1 runs to retrieve (two of the three)".format(*at_2e3) in page
-    assert "{:.1f} / {:.1f} / {:.1f} at 4e-3".format(*v1_grid[4e-3]["values"]) in page
-    assert "(grid means {} %)".format(" / ".join(f"{v1_grid[lr]['mean']:.1f}" for lr in (5e-4, 1e-3, 2e-3, 4e-3))) in page
+    assert "{:.1f} / {:.1f} / {:.1f} at 4e-3 and {:.1f} / {:.1f} / {:.1f} at 8e-3".format(
+        *v1_grid[4e-3]["values"], *v1_grid[8e-3]["values"]) in page
+    assert "(grid means {} %)".format(" / ".join(f"{v1_grid[lr]['mean']:.1f}" for lr in quoted_lrs)) in page
+    assert max(v1_grid, key=lambda lr: v1_grid[lr]["mean"]) == 2e-3  # "its best lr is 2e-3, inside the grid"
+    v2_start = needle_grid("diff_v2_matched")[5e-4]["values"]
+    assert len(v2_start) == 3 and max(v2_start) < FAMILIES["needle"].success  # "none retrieving"
+    assert "V2's grid has begun: {:.1f} / {:.1f} / {:.1f} % at 5e-4".format(*v2_start) in page
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
