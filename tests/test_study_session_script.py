@@ -160,7 +160,7 @@ def test_a_run_landing_just_before_the_commit_waits_for_the_next_one(scratch, tm
     wrapper.write_text(f"""#!/usr/bin/env bash
 if [ "$1" = commit ] && [ ! -e outputs/landed ]; then
     touch outputs/landed
-    {fake} -c 'exec(open("{tmp_path / "land.py"}").read())'
+    {sys.executable} {tmp_path / "land.py"}
 fi
 exec {real_git} "$@"
 """)
