@@ -760,12 +760,15 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert max(v1_grid, key=lambda lr: v1_grid[lr]["mean"]) == 2e-3  # "its best lr is 2e-3, inside the grid"
     v2_grid = needle_grid("diff_v2_matched")
     success = FAMILIES["needle"].success
-    assert [sum(x >= success for x in v2_grid[lr]["values"]) for lr in (5e-4, 1e-3, 2e-3)] == [0, 2, 0]
-    assert all(v2_grid[lr]["n"] == 3 for lr in (5e-4, 1e-3, 2e-3))
-    assert ("V2's grid so far: {:.1f} / {:.1f} / {:.1f} % at 5e-4 (none retrieving), {:.1f} / {:.1f} / {:.1f} at 1e-3 "
-            "(two of the three retrieve) and {:.1f} / {:.1f} / {:.1f} at 2e-3 (none)").format(
-        *v2_grid[5e-4]["values"], *v2_grid[1e-3]["values"], *v2_grid[2e-3]["values"]) in page
-    assert max((5e-4, 1e-3, 2e-3), key=lambda lr: v2_grid[lr]["mean"]) == 1e-3  # "1e-3 leads its grid so far"
+    assert [sum(x >= success for x in v2_grid[lr]["values"]) for lr in quoted_lrs] == [0, 2, 0, 0, 1]
+    assert all(v2_grid[lr]["n"] == 3 for lr in quoted_lrs)
+    assert ("V2's grid is complete: {:.1f} / {:.1f} / {:.1f} % at 5e-4 (none retrieving), {:.1f} / {:.1f} / {:.1f} at 1e-3 "
+            "(two of the three retrieve), {:.1f} / {:.1f} / {:.1f} at 2e-3 and {:.1f} / {:.1f} / {:.1f} at 4e-3 (none) and "
+            "{:.1f} / {:.1f} / {:.1f} at 8e-3 (one)").format(*(x for lr in quoted_lrs for x in v2_grid[lr]["values"])) in page
+    assert "(grid means {} %)".format(" / ".join(f"{v2_grid[lr]['mean']:.1f}" for lr in quoted_lrs)) in page
+    assert max(v2_grid, key=lambda lr: v2_grid[lr]["mean"]) == 1e-3  # "its best lr is 1e-3, inside the grid"
+    assert max(by_lr, key=lambda lr: by_lr[lr]["mean"]) == 1e-3  # softmax's finals at "its best lr, 1e-3"
+    assert {r["lr"] for r in needle["runs"].values() if r["variant"] == "softmax" and r["seed"] >= plan.FINAL_SEED} == {1e-3}
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
