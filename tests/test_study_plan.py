@@ -742,30 +742,34 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                       key=lambda r: r["seed"])
         return tables.best_lrs(FAMILIES["needle"], runs)[variant]["by_lr"]
 
+    def grid_means(grid: dict) -> str:
+        """The page's "(grid means ... %)" for ``grid`` over the quoted lrs."""
+        return "(grid means {} %)".format(" / ".join(f"{grid[lr]['mean']:.1f}" for lr in quoted_lrs))
+
+    success = FAMILIES["needle"].success
     by_lr = needle_grid("softmax")
     quoted_lrs = [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
     for lr in quoted_lrs:
         assert by_lr[lr]["n"] == 3 and "{:.1f} / {:.1f} / {:.1f}".format(*by_lr[lr]["values"]) in page, lr
-    assert "(grid means {} %)".format(" / ".join(f"{by_lr[lr]['mean']:.1f}" for lr in quoted_lrs)) in page
+    assert grid_means(by_lr) in page
     v1_grid = needle_grid("diff")
     assert "V1's grid so far: {:.1f} / {:.1f} / {:.1f} % at 5e-4, {:.1f} / {:.1f} / {:.1f} at 1e-3".format(
         *v1_grid[5e-4]["values"], *v1_grid[1e-3]["values"]) in page
-    assert max(x for lr in (5e-4, 1e-3) for x in v1_grid[lr]["values"]) < FAMILIES["needle"].success  # "none retrieving"
+    assert max(x for lr in (5e-4, 1e-3) for x in v1_grid[lr]["values"]) < success  # "none retrieving"
     at_2e3 = v1_grid[2e-3]["values"]
-    assert sum(x >= FAMILIES["needle"].success for x in at_2e3) == 2  # "two of the three" retrieve
+    assert sum(x >= success for x in at_2e3) == 2  # "two of the three" retrieve
     assert "{:.1f} / {:.1f} / {:.1f} at 2e-3, the first V1 runs to retrieve (two of the three)".format(*at_2e3) in page
     assert "{:.1f} / {:.1f} / {:.1f} at 4e-3 and {:.1f} / {:.1f} / {:.1f} at 8e-3".format(
         *v1_grid[4e-3]["values"], *v1_grid[8e-3]["values"]) in page
-    assert "(grid means {} %)".format(" / ".join(f"{v1_grid[lr]['mean']:.1f}" for lr in quoted_lrs)) in page
+    assert grid_means(v1_grid) in page
     assert max(v1_grid, key=lambda lr: v1_grid[lr]["mean"]) == 2e-3  # "its best lr is 2e-3, inside the grid"
     v2_grid = needle_grid("diff_v2_matched")
-    success = FAMILIES["needle"].success
     assert [sum(x >= success for x in v2_grid[lr]["values"]) for lr in quoted_lrs] == [0, 2, 0, 0, 1]
     assert all(v2_grid[lr]["n"] == 3 for lr in quoted_lrs)
     assert ("V2's grid is complete: {:.1f} / {:.1f} / {:.1f} % at 5e-4 (none retrieving), {:.1f} / {:.1f} / {:.1f} at 1e-3 "
             "(two of the three retrieve), {:.1f} / {:.1f} / {:.1f} at 2e-3 and {:.1f} / {:.1f} / {:.1f} at 4e-3 (none) and "
             "{:.1f} / {:.1f} / {:.1f} at 8e-3 (one)").format(*(x for lr in quoted_lrs for x in v2_grid[lr]["values"])) in page
-    assert "(grid means {} %)".format(" / ".join(f"{v2_grid[lr]['mean']:.1f}" for lr in quoted_lrs)) in page
+    assert grid_means(v2_grid) in page
     assert max(v2_grid, key=lambda lr: v2_grid[lr]["mean"]) == 1e-3  # "its best lr is 1e-3, inside the grid"
     assert max(by_lr, key=lambda lr: by_lr[lr]["mean"]) == 1e-3  # softmax's finals at "its best lr, 1e-3"
     assert {r["lr"] for r in needle["runs"].values() if r["variant"] == "softmax" and r["seed"] >= plan.FINAL_SEED} == {1e-3}
