@@ -14,7 +14,7 @@ import pytest
 
 from diffzoo.stats import fisher_exact, holm
 from diffzoo.study import plan, sweep
-from diffzoo.study.families import FAMILIES, run_name
+from diffzoo.study.families import FAMILIES, metric_value, run_name
 from diffzoo.study.recipe import PLATEAU_TOL, RECIPE, Budget, lr_grid, plateau, recipe_args
 
 
@@ -772,7 +772,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert grid_means(v2_grid) in page
     assert max(v2_grid, key=lambda lr: v2_grid[lr]["mean"]) == 1e-3  # "its best lr is 1e-3, inside the grid"
     assert max(by_lr, key=lambda lr: by_lr[lr]["mean"]) == 1e-3  # softmax's finals at "its best lr, 1e-3"
-    assert {r["lr"] for r in needle["runs"].values() if r["variant"] == "softmax" and r["seed"] >= plan.FINAL_SEED} == {1e-3}
+    softmax_finals = sorted((r for r in needle["runs"].values() if r["variant"] == "softmax" and r["seed"] >= plan.FINAL_SEED),
+                            key=lambda r: r["seed"])
+    assert {r["lr"] for r in softmax_finals} == {1e-3} and [r["seed"] for r in softmax_finals] == list(range(100, 108))
+    finals_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in softmax_finals]
+    assert "test exact match {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in finals_test)) in page
+    assert sum(x >= success for x in finals_test) == 3  # "three of the eight retrieving"
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
