@@ -507,17 +507,20 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     v2 = clut["diff_v2_matched"]["vs"]
     assert v2["ci_low"] < 0 < v2["ci_high"]  # "no difference found"
     # the ablations of the decoder (MQAR) and the encoder (ViT digits) against the variant each one changes, as
-    # the prose quotes them (with their study Holm), each as soon as both of its variants have all their final seeds
+    # the prose quotes them; their study Holm lives in the generated table (it rises as the family grows), and
+    # the prose's reading of it holds: all three of MQAR's survive it, none of the ViT's
     for name, d in (("mqar", 1), ("vit", 2)):
         ablations = result["cells"][name]["ablations"]
-        if name == "mqar":
-            assert len(ablations) == 3  # finished: they may not vanish from the records
+        assert len(ablations) == 3  # finished: they may not vanish from the records
         for a in ablations:
             c = a["vs"]
             quote = f"{c['diff']:+.{d}f} [{c['ci_low']:+.{d}f}, {c['ci_high']:+.{d}f}]"
             quote += f", p {c['p_perm']:.3f}" if c["p_perm"] >= 1e-3 else f", p {c['p_perm']:.1e}"
-            quote += f" (Holm {a['p_holm_study']:.3f})"
             assert quote in page, (name, a["variant"], a["parent"], quote)
+            assert (a["p_holm_study"] < 0.05) == (name == "mqar"), (name, a["variant"], a["p_holm_study"])
+    vit_const = next(r for r in result["cells"]["vit"]["rows"]
+                     if r.get("kind") == "ablation vs softmax" and r["variant"] == "diff_const")
+    assert vit_const["vs"]["p_perm"] < 0.05 <= vit_const["p_holm_study"]  # "p 0.006, which does not survive" 
     def budget_check(name: str, digits: int) -> tuple[dict, str]:
         """A budget check's rows by variant, and the page's phrase of each variant's change at twice the budget."""
         rows = _check_rows(name)
@@ -862,22 +865,16 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert survives == {("lm-2k", "diff"), ("cluttered-30ep", "diff"), ("cluttered-120ep", "diff")}, survives
     assert page.count("significant after Holm's correction over the earlier-budget rows") == 3
     assert all(name in result["earlier"] for name, _ in survives)  # none of the study's family survives it
-    # the family grows as cells finish: every size of it the prose gives ("the study's Holm ... (0.249 over 24
-    # comparisons)") is its size now, and every Holm quoted with it is one of the family's adjusted p
+    # the family grows as cells finish, so the prose gives neither its present size nor a present Holm from it
+    # ("the study's Holm (0.134 over 24 comparisons)" went stale when the needle row landed): the generated table does
     import re
 
-    family = {f"{x['p_holm_study']:.3f}" for name, c in result["cells"].items() if c and name not in result["earlier"]
-              for x in c["rows"] + c.get("ablations", []) if x.get("p_holm_study") is not None}
-    sizes = re.findall(r"study's Holm[^.]*?\((?:(\d\.\d{3}) over )?(\d+) comparisons\)", page)
-    assert len(sizes) == 2, sizes  # MQAR's ablations, ViT's constant lambda_init
+    assert not re.findall(r"study's Holm[^.]*?\((?:\d\.\d{3} over )?\d+ comparisons\)", page)
     # speech at 80 and at 160 epochs, now earlier budgets: V2's Holm at 80 and V1's at 160 over that table's rows
     speech_v2 = next(r for r in result["cells"]["speech-80ep"]["rows"] if r["variant"] == "diff_v2_matched")
     assert f"over the earlier-budget rows ({speech_v2['p_holm_study']:.3f};" in page
     speech_v1 = next(r for r in result["cells"]["speech-160ep"]["rows"] if r["variant"] == "diff")
     assert f"over the earlier-budget rows ({speech_v1['p_holm_study']:.3f};" in page
-    for quoted_holm, n in sizes:
-        assert int(n) == result["comparisons"], f"the prose says {n} comparisons, the family has {result['comparisons']}"
-        assert not quoted_holm or quoted_holm in family, quoted_holm
     # MQAR's prose counts the final seeds that solved the task (>= 95 % test accuracy)
     mqar = {r["variant"]: r for r in result["cells"]["mqar"]["rows"]}
     solved = {v: sum(x >= 95.0 for x in mqar[v]["values"]) for v in plan.MAIN}
