@@ -781,6 +781,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     finals_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in softmax_finals]
     assert "test exact match {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in finals_test)) in page
     assert sum(x >= success for x in finals_test) == 3  # "three of the eight retrieving"
+    assert sum(x >= success for x in by_lr[1e-3]["values"]) == 1  # "close to the one seed in three of its grid"
+    v1_finals = sorted((r for r in needle["runs"].values() if r["variant"] == "diff" and r["seed"] >= plan.FINAL_SEED),
+                       key=lambda r: r["seed"])
+    assert {r["lr"] for r in v1_finals} == {2e-3} and [r["seed"] for r in v1_finals] == list(range(100, 108))
+    v1_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in v1_finals]
+    assert "V1's eight at its best lr, 2e-3: {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in v1_test)) in page
+    assert sum(x >= success for x in v1_test) == 2  # "two of the eight retrieving"
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
