@@ -788,6 +788,14 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     v1_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in v1_finals]
     assert "V1's eight at its best lr, 2e-3: {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in v1_test)) in page
     assert sum(x >= success for x in v1_test) == 2  # "two of the eight retrieving"
+    # the 320-epoch speech cell's grids as far as the page quotes them: each lr's mean over its 3 seeds, best 2e-3
+    speech = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "speech"))
+    speech_grid = tables.best_lrs(FAMILIES["speech"], sorted(
+        (r for r in speech["runs"].values() if r["seed"] < plan.FINAL_SEED), key=lambda r: r["seed"]))
+    for v, label in (("softmax", "softmax"), ("diff", "V1")):
+        by = speech_grid[v]["by_lr"]
+        assert [by[lr]["n"] for lr in quoted_lrs] == [3] * 5 and speech_grid[v]["lr"] == 2e-3, v
+        assert "{} {}".format(label, " / ".join(f"{by[lr]['mean']:.1f}" for lr in quoted_lrs)) in " ".join(page.split())
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
