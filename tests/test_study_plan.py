@@ -788,6 +788,29 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     v1_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in v1_finals]
     assert "V1's eight at its best lr, 2e-3: {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in v1_test)) in page
     assert sum(x >= success for x in v1_test) == 2  # "two of the eight retrieving"
+    v2_finals = sorted((r for r in needle["runs"].values()
+                        if r["variant"] == "diff_v2_matched" and r["seed"] >= plan.FINAL_SEED), key=lambda r: r["seed"])
+    assert {r["lr"] for r in v2_finals} == {1e-3} and [r["seed"] for r in v2_finals] == list(range(100, 108))
+    v2_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in v2_finals]
+    assert "V2's eight at its best lr, 1e-3: {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in v2_test)) in page
+    # the row's two readings as the prose gives them: counts with Fisher's p, means with Welch's CI and the exact
+    # permutation p, neither surviving the study's Holm; and the flat counts behind "a longer budget"
+    needle_rows = {r["variant"]: r for r in result["cells"]["needle"]["rows"]}
+    counts = {v: sum(x >= success for x in needle_rows[v]["values"]) for v in plan.MAIN}
+    assert counts == {"softmax": 3, "diff": 2, "diff_v2_matched": 1}
+    words = " ".join(page.split())
+    assert "softmax 3, V1 2 and V2 1 of 8, Fisher's exact p {:.3f} (V1) and {:.3f} (V2)".format(
+        *(fisher_exact(counts[v], 8, counts["softmax"], 8) for v in ("diff", "diff_v2_matched"))) in words
+    assert [fisher_exact(k, 8, 3, 8) < 0.05 for k in range(9)] == [False] * 8 + [True]  # "only ... all 8 seeds"
+    v1_vs, v2_vs = (needle_rows[v]["vs"] for v in ("diff", "diff_v2_matched"))
+    assert ("V1 - softmax {:+.1f} [{:+.1f}, {:+.1f}] points (Welch 95 % CI), exact permutation p {:.3f}, and V2 - softmax "
+            "{:+.1f} [{:+.1f}, {:+.1f}], p {:.3f}, neither surviving").format(
+        *(x for c in (v1_vs, v2_vs) for x in (c["diff"], c["ci_low"], c["ci_high"], c["p_perm"]))) in words
+    assert all(needle_rows[v]["p_holm_study"] >= 0.05 for v in plan.MAIN[1:])
+    flat = [sum(x["flat"] for x in needle_rows[v]["plateau"]) for v in plan.MAIN]
+    assert f"only {sum(flat)} of the 24 final runs met the plateau rule (softmax {flat[0]}, V1 {flat[1]} and V2 {flat[2]} of 8" in words
+    assert [sum(x >= success for x in needle_grid(v)[lr]["values"]) for v, lr in
+            (("softmax", 1e-3), ("diff", 2e-3), ("diff_v2_matched", 1e-3))] == [1, 2, 2]  # "2 of 3 each ... 1 of 3"
     # the 320-epoch speech cell's grids as far as the page quotes them: each lr's mean over its 3 seeds, best 2e-3
     speech = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "speech"))
     speech_grid = tables.best_lrs(FAMILIES["speech"], sorted(
