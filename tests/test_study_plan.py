@@ -775,24 +775,21 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert grid_means(v2_grid) in page
     assert max(v2_grid, key=lambda lr: v2_grid[lr]["mean"]) == 1e-3  # "its best lr is 1e-3, inside the grid"
     assert max(by_lr, key=lambda lr: by_lr[lr]["mean"]) == 1e-3  # softmax's finals at "its best lr, 1e-3"
-    softmax_finals = sorted((r for r in needle["runs"].values() if r["variant"] == "softmax" and r["seed"] >= plan.FINAL_SEED),
-                            key=lambda r: r["seed"])
-    assert {r["lr"] for r in softmax_finals} == {1e-3} and [r["seed"] for r in softmax_finals] == list(range(100, 108))
-    finals_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in softmax_finals]
-    assert "test exact match {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in finals_test)) in page
-    assert sum(x >= success for x in finals_test) == 3  # "three of the eight retrieving"
+    def needle_finals(variant: str, lr: float) -> str:
+        """``variant``'s final seeds in needle's records, all at ``lr`` and seeds 100-107: their test scores as the
+        page quotes them ("a / b / ... %"), after checking that a given number of them retrieve."""
+        runs = sorted((r for r in needle["runs"].values() if r["variant"] == variant and r["seed"] >= plan.FINAL_SEED),
+                      key=lambda r: r["seed"])
+        assert {r["lr"] for r in runs} == {lr} and [r["seed"] for r in runs] == list(range(100, 108)), variant
+        scores = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in runs]
+        assert sum(x >= success for x in scores) == {"softmax": 3, "diff": 2, "diff_v2_matched": 1}[variant]
+        return " / ".join(f"{x:.1f}" for x in scores)
+
+    # "three of the eight retrieving", "two of the eight", "one of the eight"
+    assert f"test exact match {needle_finals('softmax', 1e-3)} % (seeds 100-107)" in page
     assert sum(x >= success for x in by_lr[1e-3]["values"]) == 1  # "close to the one seed in three of its grid"
-    v1_finals = sorted((r for r in needle["runs"].values() if r["variant"] == "diff" and r["seed"] >= plan.FINAL_SEED),
-                       key=lambda r: r["seed"])
-    assert {r["lr"] for r in v1_finals} == {2e-3} and [r["seed"] for r in v1_finals] == list(range(100, 108))
-    v1_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in v1_finals]
-    assert "V1's eight at its best lr, 2e-3: {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in v1_test)) in page
-    assert sum(x >= success for x in v1_test) == 2  # "two of the eight retrieving"
-    v2_finals = sorted((r for r in needle["runs"].values()
-                        if r["variant"] == "diff_v2_matched" and r["seed"] >= plan.FINAL_SEED), key=lambda r: r["seed"])
-    assert {r["lr"] for r in v2_finals} == {1e-3} and [r["seed"] for r in v2_finals] == list(range(100, 108))
-    v2_test = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in v2_finals]
-    assert "V2's eight at its best lr, 1e-3: {} % (seeds 100-107)".format(" / ".join(f"{x:.1f}" for x in v2_test)) in page
+    assert f"V1's eight at its best lr, 2e-3: {needle_finals('diff', 2e-3)} % (seeds 100-107)" in page
+    assert f"V2's eight at its best lr, 1e-3: {needle_finals('diff_v2_matched', 1e-3)} % (seeds 100-107)" in page
     # the row's two readings as the prose gives them: counts with Fisher's p, means with Welch's CI and the exact
     # permutation p, neither surviving the study's Holm; and the flat counts behind "a longer budget"
     needle_rows = {r["variant"]: r for r in result["cells"]["needle"]["rows"]}
