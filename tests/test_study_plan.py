@@ -520,7 +520,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             assert (a["p_holm_study"] < 0.05) == (name == "mqar"), (name, a["variant"], a["p_holm_study"])
     vit_const = next(r for r in result["cells"]["vit"]["rows"]
                      if r.get("kind") == "ablation vs softmax" and r["variant"] == "diff_const")
-    assert vit_const["vs"]["p_perm"] < 0.05 <= vit_const["p_holm_study"]  # "p 0.006, which does not survive" 
+    assert vit_const["vs"]["p_perm"] < 0.05 <= vit_const["p_holm_study"]  # "p 0.006, which does not survive"
     def budget_check(name: str, digits: int) -> tuple[dict, str]:
         """A budget check's rows by variant, and the page's phrase of each variant's change at twice the budget."""
         rows = _check_rows(name)
@@ -739,11 +739,20 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
     # lr (seeds 0 / 1 / 2) and the lrs' means, as the study's lr selection computes them from the records
     needle = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "needle"))
+    def grid(name: str) -> dict:
+        """Cell ``name``'s grid in its records, per variant as the study's lr selection gives it: its best lr and,
+        per lr, every seed's validation score (by seed) and their mean."""
+        cell = next(c for c in plan.CELLS if c.name == name)
+        record = plan.load(root / plan.RECORDS, cell)
+        runs = sorted((r for r in record["runs"].values() if r["seed"] < plan.FINAL_SEED), key=lambda r: r["seed"])
+        return tables.best_lrs(FAMILIES[cell.family], runs)
+
+    needle_grids = grid("needle")
+    words = " ".join(page.split())  # the page's prose with its line breaks as spaces
+
     def needle_grid(variant: str) -> dict:
-        """``variant``'s grid in needle's records, per lr: every seed's validation score (by seed) and their mean."""
-        runs = sorted((r for r in needle["runs"].values() if r["variant"] == variant and r["seed"] < plan.FINAL_SEED),
-                      key=lambda r: r["seed"])
-        return tables.best_lrs(FAMILIES["needle"], runs)[variant]["by_lr"]
+        """``variant``'s grid in needle's records, per lr."""
+        return needle_grids[variant]["by_lr"]
 
     def grid_means(grid: dict) -> str:
         """The page's "(grid means ... %)" for ``grid`` over the quoted lrs."""
@@ -782,10 +791,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                       key=lambda r: r["seed"])
         assert {r["lr"] for r in runs} == {lr} and [r["seed"] for r in runs] == list(range(100, 108)), variant
         scores = [FAMILIES["needle"].scale * metric_value(r, FAMILIES["needle"].test_metric) for r in runs]
-        assert sum(x >= success for x in scores) == {"softmax": 3, "diff": 2, "diff_v2_matched": 1}[variant]
+        assert sum(x >= success for x in scores) == retrieving[variant]
         return " / ".join(f"{x:.1f}" for x in scores)
 
-    # "three of the eight retrieving", "two of the eight", "one of the eight"
+    retrieving = {"softmax": 3, "diff": 2, "diff_v2_matched": 1}  # "three of the eight", "two", "one"
     assert f"test exact match {needle_finals('softmax', 1e-3)} % (seeds 100-107)" in page
     assert sum(x >= success for x in by_lr[1e-3]["values"]) == 1  # "close to the one seed in three of its grid"
     assert f"V1's eight at its best lr, 2e-3: {needle_finals('diff', 2e-3)} % (seeds 100-107)" in page
@@ -794,8 +803,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # permutation p, neither surviving the study's Holm; and the flat counts behind "a longer budget"
     needle_rows = {r["variant"]: r for r in result["cells"]["needle"]["rows"]}
     counts = {v: sum(x >= success for x in needle_rows[v]["values"]) for v in plan.MAIN}
-    assert counts == {"softmax": 3, "diff": 2, "diff_v2_matched": 1}
-    words = " ".join(page.split())
+    assert counts == retrieving
     assert "softmax 3, V1 2 and V2 1 of 8, Fisher's exact p {:.3f} (V1) and {:.3f} (V2)".format(
         *(fisher_exact(counts[v], 8, counts["softmax"], 8) for v in ("diff", "diff_v2_matched"))) in words
     assert [fisher_exact(k, 8, 3, 8) < 0.05 for k in range(9)] == [False] * 8 + [True]  # "only ... all 8 seeds"
@@ -809,13 +817,11 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert [sum(x >= success for x in needle_grid(v)[lr]["values"]) for v, lr in
             (("softmax", 1e-3), ("diff", 2e-3), ("diff_v2_matched", 1e-3))] == [1, 2, 2]  # "2 of 3 each ... 1 of 3"
     # the 320-epoch speech cell's grids as far as the page quotes them: each lr's mean over its 3 seeds, best 2e-3
-    speech = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "speech"))
-    speech_grid = tables.best_lrs(FAMILIES["speech"], sorted(
-        (r for r in speech["runs"].values() if r["seed"] < plan.FINAL_SEED), key=lambda r: r["seed"]))
+    speech_grid = grid("speech")
     for v, label in (("softmax", "softmax"), ("diff", "V1")):
         by = speech_grid[v]["by_lr"]
         assert [by[lr]["n"] for lr in quoted_lrs] == [3] * 5 and speech_grid[v]["lr"] == 2e-3, v
-        assert "{} {}".format(label, " / ".join(f"{by[lr]['mean']:.1f}" for lr in quoted_lrs)) in " ".join(page.split())
+        assert "{} {}".format(label, " / ".join(f"{by[lr]['mean']:.1f}" for lr in quoted_lrs)) in words
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
