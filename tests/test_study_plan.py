@@ -816,6 +816,26 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"only {sum(flat)} of the 24 final runs met the plateau rule (softmax {flat[0]}, V1 {flat[1]} and V2 {flat[2]} of 8" in words
     assert [sum(x >= success for x in needle_grid(v)[lr]["values"]) for v, lr in
             (("softmax", 1e-3), ("diff", 2e-3), ("diff_v2_matched", 1e-3))] == [1, 2, 2]  # "2 of 3 each ... 1 of 3"
+    # needle's budget check: seed 0 per variant at 8,000 steps, each against its own grid run (validation exact match
+    # at both budgets), all six flat; when every take-off happened, and the check's floor runs staying on the floor
+    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "needle"}
+    scale = FAMILIES["needle"].scale
+    assert all(check[v]["seeds"] == [0] and check[v]["flat_n"] == check[v]["flat_longer_n"] == 1
+               for v in plan.MAIN)
+    assert "from {:.1f} to {:.1f} % for softmax (on the floor at both budgets), from {:.1f} to {:.1f} for V1 (retrieving at " \
+           "4,000 steps, on the floor at 8,000) and from {:.1f} to {:.1f} for V2 (the reverse)".format(
+               *(check[v][k] for v in plan.MAIN for k in ("budget", "longer"))) in words
+    assert [(check[v]["budget"] >= success, check[v]["longer"] >= success) for v in plan.MAIN] == [
+        (False, False), (True, False), (False, True)]  # "changed which seed retrieved, not how many"
+    needle_2x = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "needle-2x"))
+    curves = [r["curves"]["val/needle_acc"] for rec in (needle, needle_2x) for r in rec["runs"].values()]
+    take_offs = [next(step + 1 for step, x in curve if x >= success / scale) for curve in curves
+                 if any(x >= success / scale for _, x in curve)]
+    first, last = min(take_offs), max(take_offs)
+    assert f"{len(take_offs)} runs of {len(curves)}) came between step {first:,} and step {last:,}" in words
+    for v in ("softmax", "diff"):
+        floor = needle_2x["runs"][run_name(v, check[v]["lr"], 0)]["curves"]["val/needle_acc"]
+        assert max(x for step, x in floor if step + 1 >= 2000) < 0.3 and floor[-1][0] + 1 == 8000, v  # "stayed there"
     # the 320-epoch speech cell's grids as far as the page quotes them: each lr's mean over its 3 seeds, best 2e-3
     speech_grid = grid("speech")
     for v, label in (("softmax", "softmax"), ("diff", "V1")):
