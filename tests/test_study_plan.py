@@ -466,6 +466,12 @@ def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(t
     assert "| mqar | softmax | 0.004 | 0, 1 | val/acc | 82.00 | 2x | 84.00 | +2.00 | 2 of 2 | 2 of 2 |" in table
 
 
+def _records(name: str) -> dict:
+    """The records in the repository of the study's cell ``name``."""
+    root = Path(__file__).resolve().parents[1]
+    return plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+
+
 def _check_rows(name: str) -> dict[str, dict]:
     """The study's budget check ``name`` as the report gives it (its rows by variant), from the records in the
     repository."""
@@ -601,7 +607,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # includes zero, neither slope differs from softmax's, V2's gain is smallest in the noisiest third
     from diffzoo.study import tables
 
-    speech = tables.speech_voice_stats(plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "speech-80ep")))
+    speech = tables.speech_voice_stats(_records("speech-80ep"))
     by = {r["variant"]: r for r in speech["rows"]}
     for variant, label in (("diff", "V1"), ("diff_v2_matched", "V2")):
         b, i = by[variant]["bootstrap"], by[variant]["interaction"]
@@ -663,8 +669,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     def quoted_v1_moves(cell: str) -> tuple[list[float], dict, list[str]]:
         """V1's validation-loss move, seed by seed (0-2), from its run in ``cell`` to the same seed's in ``cell``'s
         check (the page quotes them), with the check's records and the runs' names."""
-        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == f"{cell}-2x"))
-        source = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == cell))
+        record = _records(f"{cell}-2x")
+        source = _records(cell)
         runs = [run_name("diff", source["best"]["diff"]["lr"], s) for s in range(3)]
         moved = [plan.metric_value(record["runs"][n], "val/loss") - plan.metric_value(source["runs"][n], "val/loss")
                  for n in runs]
@@ -738,13 +744,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert next(c for c in plan.CELLS if c.name == "lm-xxs").superseded_by == "lm-xxs-32k"
     # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
     # lr (seeds 0 / 1 / 2) and the lrs' means, as the study's lr selection computes them from the records
-    needle = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "needle"))
+    needle = _records("needle")
     def grid(name: str) -> dict:
         """Cell ``name``'s grid in its records, per variant as the study's lr selection gives it: its best lr and,
         per lr, every seed's validation score (by seed) and their mean."""
         cell = next(c for c in plan.CELLS if c.name == name)
-        record = plan.load(root / plan.RECORDS, cell)
-        runs = sorted((r for r in record["runs"].values() if r["seed"] < plan.FINAL_SEED), key=lambda r: r["seed"])
+        runs = sorted((r for r in _records(name)["runs"].values() if r["seed"] < plan.FINAL_SEED), key=lambda r: r["seed"])
         return tables.best_lrs(FAMILIES[cell.family], runs)
 
     needle_grids = grid("needle")
@@ -818,7 +823,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             (("softmax", 1e-3), ("diff", 2e-3), ("diff_v2_matched", 1e-3))] == [1, 2, 2]  # "2 of 3 each ... 1 of 3"
     # needle's budget check: seed 0 per variant at 8,000 steps, each against its own grid run (validation exact match
     # at both budgets), all six flat; when every take-off happened, and the check's floor runs staying on the floor
-    check = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, plan.CELLS) if r["cell"] == "needle"}
+    check = _check_rows("needle-2x")
     scale = FAMILIES["needle"].scale
     assert all(check[v]["seeds"] == [0] and check[v]["flat_n"] == check[v]["flat_longer_n"] == 1
                for v in plan.MAIN)
@@ -827,7 +832,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                *(check[v][k] for v in plan.MAIN for k in ("budget", "longer"))) in words
     assert [(check[v]["budget"] >= success, check[v]["longer"] >= success) for v in plan.MAIN] == [
         (False, False), (True, False), (False, True)]  # "changed which seed retrieved, not how many"
-    needle_2x = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == "needle-2x"))
+    needle_2x = _records("needle-2x")
     curves = [r["curves"]["val/needle_acc"] for rec in (needle, needle_2x) for r in rec["runs"].values()]
     take_offs = [next(step + 1 for step, x in curve if x >= success / scale) for curve in curves
                  if any(x >= success / scale for _, x in curve)]
@@ -880,7 +885,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         entry kept from another machine counts), and the page's list of the cells."""
         rows = []
         for name in named:
-            record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+            record = _records(name)
             first = min((r for r in plan.final_runs(record) if r["variant"] == variant), key=lambda r: r["seed"])
             rows += next(e for e in plan.verify_entries(verified[name][first["name"]])
                          if e["when"].startswith(day))["rows"]
@@ -921,7 +926,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"sd of V1's 8 final seeds ({v1_sd:.3f})" in page and 2.5 < (v1["now"] - v1["recorded"]) / v1_sd < 3.5
     # the two kinds of machine the page names, both within vit-l's and lm-xxs's records
     for name in ("vit-l", "lm-xxs"):
-        record = plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+        record = _records(name)
         models = {(r.get("code") or {}).get("cpu_model") for r in record["runs"].values()}
         assert {"AMD EPYC", "Intel(R) Xeon(R) Processor"} <= models, (name, models)
     # what the prose says survives Holm: exactly these comparisons, each in its own family (study or earlier budgets)
