@@ -847,11 +847,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         by = speech_grid[v]["by_lr"]
         assert [by[lr]["n"] for lr in quoted_lrs] == [3] * 5 and speech_grid[v]["lr"] == 2e-3, v
         assert "{} {}".format(label, " / ".join(f"{by[lr]['mean']:.1f}" for lr in quoted_lrs)) in words
-    v2_speech = speech_grid["diff_v2_matched"]["by_lr"]  # "V2's grid so far ... at 5e-4 / ... / 8e-3, is best at its edge"
-    assert [v2_speech[lr]["n"] for lr in quoted_lrs] == [3] * 5
-    assert max(quoted_lrs, key=lambda lr: v2_speech[lr]["mean"]) == 8e-3
-    assert "V2's grid so far, {} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3, is best at its edge".format(
-        " / ".join(f"{v2_speech[lr]['mean']:.1f}" for lr in quoted_lrs)) in words
+    v2_speech = speech_grid["diff_v2_matched"]["by_lr"]  # "V2's grid is complete too ... best at 8e-3 inside it"
+    v2_lrs = [*quoted_lrs, 1.6e-2]
+    assert sorted(v2_speech) == v2_lrs and [v2_speech[lr]["n"] for lr in v2_lrs] == [3] * 6
+    assert max(quoted_lrs, key=lambda lr: v2_speech[lr]["mean"]) == 8e-3  # best at the first five's edge
+    assert speech_grid["diff_v2_matched"]["lr"] == 8e-3
+    assert "V2's grid is complete too, {} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2".format(
+        " / ".join(f"{v2_speech[lr]['mean']:.1f}" for lr in v2_lrs)) in words
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
