@@ -261,7 +261,7 @@ def test_report_shows_no_voice_statistics_of_a_variant_half_way_through_its_fina
     seed, as its headline table does: one finished V1 run beside softmax's eight is not a result."""
     from diffzoo.study import plan
 
-    cell = next(c for c in plan.CELLS if c.name == "speech")
+    cell = plan.cell_named("speech")
     rng = np.random.default_rng(3)
     table = [[f"v{i // PER_VOICE}", round(float(x), 2), int(i % 12)]
              for i, x in enumerate(rng.uniform(0.0, 20.0, VOICES * PER_VOICE))]

@@ -207,7 +207,7 @@ def test_gap_table_pairs_the_cells_of_one_task_at_each_budget(tmp_path):
 
 
 def test_status_says_how_long_a_started_cell_has_left(tmp_path):
-    cell = next(c for c in plan.CELLS if c.name == "clip")
+    cell = plan.cell_named("clip")
     runs = {f"softmax_lr0.001_seed{i}": {"name": f"softmax_lr0.001_seed{i}", "variant": "softmax", "lr": 1e-3,
                                           "seed": i, "seconds": 360.0} for i in range(9)}
     (tmp_path / "clip.json").write_text(json.dumps({"runs": runs}))
@@ -235,7 +235,7 @@ def test_status_says_how_long_a_started_cell_has_left(tmp_path):
 def test_status_estimates_the_final_runs_left_per_variant(tmp_path):
     """With every variant's lr chosen, what is left is final seeds of known variants: each is timed by its own
     variant's final runs (the latest, on the machine as it is now), else by its grid runs, not by the cell's mean."""
-    cell = next(c for c in plan.CELLS if c.name == "speech")
+    cell = plan.cell_named("speech")
     runs = {}
     for v, grid_secs, final_secs, finals in (("softmax", 600.0, 700.0, cell.final_seeds),
                                             ("diff", 900.0, 1200.0, cell.final_seeds - 3),
@@ -336,7 +336,7 @@ def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):
 
 
 def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_parameters(tmp_path):
-    xs = next(c for c in plan.CELLS if c.name == "vit-xs")
+    xs = plan.cell_named("vit-xs")
     with pytest.raises(SystemExit, match="run that cell first"):
         plan.cell_sweeps(xs, tmp_path, 2, False, False)
     best = {"softmax": 4e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
@@ -344,7 +344,7 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
              "vit": (300_000, {"softmax": 90.0, "diff": 86.0, "diff_v2_matched": 89.0}),
              "vit-l": (1_800_000, {"softmax": 95.0, "diff": 92.0, "diff_v2_matched": 94.0})}
     for name, (params, means) in sizes.items():
-        seeds = next(c for c in plan.CELLS if c.name == name).final_seeds
+        seeds = plan.cell_named(name).final_seeds
         rec = _record("vit", best, {v: [m - 0.5, m + 0.5] * (seeds // 2) + [m] * (seeds % 2) for v, m in means.items()})
         for r in rec["runs"].values():
             r["summary"]["parameters"] = params
@@ -356,10 +356,10 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert diff[-2:] == list(xs.size_args) and diff[diff.index("--final-seeds") + 1] == "5"
     assert "--epochs" not in diff  # the family's budget
     assert diff[diff.index("--extend") + 1] == "4"  # a size's best lr may lie several steps from its neighbour's
-    half = plan.cell_sweeps(next(c for c in plan.CELLS if c.name == "vit-40ep"), tmp_path, 2, False, False)[0]
+    half = plan.cell_sweeps(plan.cell_named("vit-40ep"), tmp_path, 2, False, False)[0]
     assert half[half.index("--epochs") + 1] == "40"  # a cell with a budget of its own
     (tmp_path / "vit-40ep.json").write_text((tmp_path / "vit.json").read_text())
-    check = plan.cell_sweeps(next(c for c in plan.CELLS if c.name == "vit-40ep-2x"), tmp_path, 2, False, False)[0]
+    check = plan.cell_sweeps(plan.cell_named("vit-40ep-2x"), tmp_path, 2, False, False)[0]
     assert check[check.index("--epochs") + 1] == "80"  # its check doubles the cell's budget, not the family's
     trend = plan.size_trend(tmp_path, plan.CELLS)
     assert set(trend) == {"vit"} and len(trend["vit"]) == 9  # three sizes x three variants
@@ -373,8 +373,8 @@ def test_size_trend_centres_each_variant_on_the_neighbour_and_interpolates_param
     assert (tmp_path / "trend.png").stat().st_size > 1000
     # a size whose budget proved too short (lm-xs, then lm-xs-8k) gives way to the cell that replaced it, once
     # that cell has its final runs
-    assert next(c for c in plan.CELLS if c.name == "lm-xs").superseded_by == "lm-xs-8k"
-    assert next(c for c in plan.CELLS if c.name == "lm-xs-8k").superseded_by == "lm-xs-16k"
+    assert plan.cell_named("lm-xs").superseded_by == "lm-xs-8k"
+    assert plan.cell_named("lm-xs-8k").superseded_by == "lm-xs-16k"
     for name, loss in (("lm", 1.2), ("lm-xs", 1.4), ("lm-xs-8k", 1.3)):
         (tmp_path / f"{name}.json").write_text(json.dumps(_record("lm", best, {v: [loss] * 8 for v in best})))
     lm = plan.size_trend(tmp_path, plan.CELLS)["lm"]  # lm-xs-16k has no runs yet: lm-xs-8k stands for the size
@@ -404,7 +404,7 @@ def test_clip_reports_retrieval_and_zero_shot_from_the_same_final_runs(tmp_path)
 
 
 def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
-    check = next(c for c in plan.CELLS if c.name == "mqar-2x")
+    check = plan.cell_named("mqar-2x")
     best = {"softmax": 4e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
     src = _record("mqar", best, {v: [90.0] for v in best})
     for v, lr in best.items():  # the grid's seed-0 run at the best lr, with a flat curve
@@ -435,7 +435,7 @@ def test_budget_check_trains_seed_0_twice_as_long_and_compares_it(tmp_path):
 def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(tmp_path):
     """A check with 3 seeds trains grid seeds 0-2 longer and compares the means over the seeds both cells have,
     each seed against its own run at the budget; a seed not run yet at the longer budget is left out of both."""
-    check = dataclasses.replace(next(c for c in plan.CELLS if c.name == "mqar-2x"), check_seeds=3)
+    check = dataclasses.replace(plan.cell_named("mqar-2x"), check_seeds=3)
     best = {"softmax": 4e-3, "diff": 1e-3, "diff_v2_matched": 2e-3}
 
     def run(v: str, seed: int, acc: float, rising: bool = False) -> dict:  # rising: +5 points over the tail
@@ -469,7 +469,7 @@ def test_budget_check_over_several_seeds_pairs_each_seed_with_its_own_grid_run(t
 def _records(name: str) -> dict:
     """The records in the repository of the study's cell ``name``."""
     root = Path(__file__).resolve().parents[1]
-    return plan.load(root / plan.RECORDS, next(c for c in plan.CELLS if c.name == name))
+    return plan.load(root / plan.RECORDS, plan.cell_named(name))
 
 
 def _check_rows(name: str) -> dict[str, dict]:
@@ -619,7 +619,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert by["diff_v2_matched"]["bootstrap"]["ci_low"] < 0 < by["diff_v2_matched"]["bootstrap"]["ci_high"]
     # ... and at 160 epochs, V1 (the variants with all their final seeds): the voice-resampled interval includes
     # zero, V1's slope is lower than softmax's, and its gap is largest in the cleanest third
-    speech_cell = next(c for c in plan.CELLS if c.name == "speech-160ep")
+    speech_cell = plan.cell_named("speech-160ep")
     by = {r["variant"]: r for r in plan.cell_voice_stats(root / plan.RECORDS, speech_cell)["rows"]}
     b, i = by["diff"]["bootstrap"], by["diff"]["interaction"]
     assert f"({b['diff']:+.2f} [{b['ci_low']:+.2f}, {b['ci_high']:+.2f}], p boot {b['p']:.3f};" in page
@@ -631,7 +631,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     def size_cell(name: str, digits: int, unit: str) -> list[dict]:
         """A size cell's final runs, after checking the prose's means ± sd, Welch intervals and exact permutation
         p (as the study's tables compute them) against them."""
-        cell = next(c for c in plan.CELLS if c.name == name)
+        cell = plan.cell_named(name)
         family = FAMILIES[cell.family]
         runs = plan.complete_final_runs(plan.load(root / plan.RECORDS, cell), cell)[0]
         rows = {r["variant"]: r for r in tables.comparison_rows(family, runs, "softmax", family.test_metric)}
@@ -741,14 +741,14 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert "V1's validation deficit to softmax fell from {:.3f} to {:.3f} nats, V2's stayed at {:.3f}-{:.3f}".format(
         deficit["budget"]["diff"], deficit["longer"]["diff"], *sorted(deficit[k]["diff_v2_matched"]
                                                                      for k in ("budget", "longer"))) in page
-    assert next(c for c in plan.CELLS if c.name == "lm-xxs").superseded_by == "lm-xxs-32k"
+    assert plan.cell_named("lm-xxs").superseded_by == "lm-xxs-32k"
     # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
     # lr (seeds 0 / 1 / 2) and the lrs' means, as the study's lr selection computes them from the records
     needle = _records("needle")
     def grid(name: str) -> dict:
         """Cell ``name``'s grid in its records, per variant as the study's lr selection gives it: its best lr and,
         per lr, every seed's validation score (by seed) and their mean."""
-        cell = next(c for c in plan.CELLS if c.name == name)
+        cell = plan.cell_named(name)
         runs = sorted((r for r in _records(name)["runs"].values() if r["seed"] < plan.FINAL_SEED), key=lambda r: r["seed"])
         return tables.best_lrs(FAMILIES[cell.family], runs)
 
@@ -1398,7 +1398,7 @@ def test_ablation_table_says_what_each_row_against_softmax_compares():
 def test_a_cell_takes_the_runs_of_a_check_with_its_set_up_instead_of_training_them_again(tmp_path):
     """lm-xs-16k's centre lrs at seeds 0-2 are exactly the runs its source's budget check trained (same
     arguments): they are copied into its records, marked, once; records of another set-up get nothing."""
-    cell = next(c for c in plan.CELLS if c.name == "lm-xs-16k")
+    cell = plan.cell_named("lm-xs-16k")
     assert cell.runs_from == "lm-xs-8k-2x" and cell.epochs == 160
     best = {"softmax": 3.2e-2, "diff": 6.4e-2, "diff_v2_matched": 6.4e-2}
     check = _record("lm", best, {v: [1.41] for v in best})

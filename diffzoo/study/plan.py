@@ -243,6 +243,14 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
 )
 
 
+def cell_named(name: str) -> Cell:
+    """The study's cell called ``name`` (:data:`CELLS`); a KeyError naming it when there is none."""
+    for cell in CELLS:
+        if cell.name == name:
+            return cell
+    raise KeyError(f"no study cell named {name!r}")
+
+
 def run_folder(cell: Cell, records: Path) -> Path:
     """Where ``cell``'s trainings write their logs and weights: ``outputs/study/<cell>`` for the study's own
     records, ``<records>/runs/<cell>`` for any other records folder (a retrained row, ``--quick``), so two
@@ -291,7 +299,7 @@ def cell_sweeps(cell: Cell, records: Path, jobs: int, quick: bool, main_only: bo
         variants = variants[:2]
     if cell.lr_from is None:
         return [sweep_argv(cell, records, jobs, quick, variants)]
-    source = next(c for c in CELLS if c.name == cell.lr_from)
+    source = cell_named(cell.lr_from)
     best = {v: b["lr"] for v, b in (load(records, source).get("best") or {}).items()}
     missing = [v for v in variants if best.get(v) is None]
     if missing:
@@ -314,7 +322,7 @@ def _adoptable(records: Path, cell: Cell) -> tuple[dict, dict, dict]:
     target = load(records, cell)
     if cell.runs_from is None:
         return target, {}, {}
-    source = load(records, next(c for c in CELLS if c.name == cell.runs_from))
+    source = load(records, cell_named(cell.runs_from))
     if not source.get("runs") or any(k in target and target[k] != source.get(k) for k in _SETUP):
         return target, source, {}
     return target, source, {name: {**run, "adopted_from": cell.runs_from} for name, run in source["runs"].items()
@@ -341,7 +349,7 @@ def cell_epochs(cell: Cell) -> int:
     assert budget is not None, f"family {cell.family} has no study budget"
     if cell.epochs_factor is None:
         return cell.epochs or budget.epochs
-    source = next(c for c in CELLS if c.name == cell.lr_from)
+    source = cell_named(cell.lr_from)
     return round(cell.epochs_factor * (source.epochs or budget.epochs))
 
 
@@ -516,7 +524,7 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
         final, recorded = complete_final_runs(rec, cell)
         compared = family_of[cell.superseded_by is not None]
         if cell.superseded_by is not None:  # the task itself changed too: the cell that replaced it says how
-            after = next(c for c in CELLS if c.name == cell.superseded_by)
+            after = cell_named(cell.superseded_by)
             if (after.size_args, after.extra) != (cell.size_args, cell.extra):
                 out.setdefault("task_changed", {})[cell.name] = (after.name, [*after.size_args, *after.extra])
         if not any(r["variant"] == "softmax" for r in final) or not rec.get("best"):
@@ -802,7 +810,7 @@ def budget_checks(records: Path, cells: Sequence[Cell]) -> list[dict]:
         if cell.epochs_factor is None:
             continue
         family = FAMILIES[cell.family]
-        source = next(c for c in CELLS if c.name == cell.lr_from)
+        source = cell_named(cell.lr_from)
         src, chk = load(records, source), load(records, cell)
         for v in cell.variants:
             lr = ((src.get("best") or {}).get(v) or {}).get("lr")
@@ -925,7 +933,7 @@ def _replaced(records: Path, cell: Cell) -> bool:
     """Whether the cell that supersedes ``cell`` has every main variant's final runs."""
     if cell.superseded_by is None:
         return False
-    after = next(c for c in CELLS if c.name == cell.superseded_by)
+    after = cell_named(cell.superseded_by)
     runs = complete_final_runs(load(records, after), after)[0]
     return {r["variant"] for r in runs} >= set(MAIN)
 
@@ -1048,7 +1056,7 @@ def verify_cell(records: Path, cell_name: str, variants: Sequence[str], out: Pat
     from .provenance import verify_choice
     from .sweep import fixed_args, train_run, with_epochs
 
-    cell = next(c for c in CELLS if c.name == cell_name)
+    cell = cell_named(cell_name)
     record = load(records, cell)
     family = with_epochs(FAMILIES[cell.family], cell_epochs(cell))  # the family as the cell's sweep trains it
     fixed = fixed_args(family)
