@@ -854,6 +854,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert speech_grid["diff_v2_matched"]["lr"] == 8e-3
     assert "V2's grid is complete too, {} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2".format(
         " / ".join(f"{v2_speech[lr]['mean']:.1f}" for lr in v2_lrs)) in words
+    noisy_softmax = grid("speech-noisy")["softmax"]  # "-10 dB ... softmax's grid is complete ... best at 2e-3"
+    assert sorted(noisy_softmax["by_lr"]) == quoted_lrs
+    assert [noisy_softmax["by_lr"][lr]["n"] for lr in quoted_lrs] == [3] * 5
+    assert noisy_softmax["lr"] == 2e-3 == speech_grid["softmax"]["lr"]
+    assert "softmax's grid is complete: {} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3, best at 2e-3".format(
+        " / ".join(f"{noisy_softmax['by_lr'][lr]['mean']:.1f}" for lr in quoted_lrs)) in words
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
