@@ -13,12 +13,14 @@ this sweep is how an entry earns its place there. For each kernel and head width
    largest magnitude, over the output and dq, dk, dv; a candidate fails above 2e-2). Candidates that do
    not fit the device (shared memory) are listed as such;
 2. **times** the candidates that pass, in this process, by CUDA events (median): ``fwd`` by its forward;
-   ``bwd_kv`` by forward + backward (the default, non-deterministic backward: dQ by atomics);
-   ``bwd_q`` by forward + backward with deterministic algorithms (the only path that launches it);
+   ``bwd_kv`` by forward + backward on the device's default dQ path (``DQ_DEFAULT``: on Hopper the
+   atomic-free split path, so the time includes ``bwd_q`` on its pinned entry; on Ampere dQ by atomics
+   inside the dK/dV kernel); ``bwd_q`` by forward + backward with deterministic algorithms (which take the
+   split path on every GPU);
 3. prints each list fastest first, and the forward + backward of the fastest of each kernel together
    beside the pinned entries (the two alternated three times, medians) and the ``sdpa`` backend, on the
-   same inputs; where ``bwd_q`` was timed, that pair again with deterministic algorithms (the default
-   backward does not launch ``bwd_q``, so only this line says whether its pinned entry should change).
+   same inputs; where ``bwd_q`` was timed, that pair again with deterministic algorithms (on Ampere the
+   default backward does not launch ``bwd_q``, so there only this line says whether its entry should change).
 
 Shapes as ``python -m benchmarks.kernels``: bf16, model width ``D = 2H * d`` (default 2048), ``B * N =
 16K`` tokens. It prints its progress (every 10 candidates checked, every candidate timed) and rewrites
@@ -186,9 +188,9 @@ def time_group(rows: list[dict], d: int, causal: bool, n: int, width: int, token
             finally:
                 torch.use_deterministic_algorithms(False)
 
-    # The fastest of each kernel together against the pinned entries, alternated ROUNDS times (median). The
-    # default backward never launches bwd_q, so where bwd_q was timed the pair is timed again with
-    # deterministic algorithms, the only path that runs it.
+    # The fastest of each kernel together against the pinned entries, alternated ROUNDS times (median). Where
+    # the default dQ path is atomic (Ampere) the default backward never launches bwd_q, so where bwd_q was
+    # timed the pair is timed again with deterministic algorithms, which always run it.
     modes = [("", False)] + ([("det_", True)] if "bwd_q" in best else [])
     for prefix, deterministic in modes:
         times: dict = {"best": [], "pinned": []}
