@@ -759,9 +759,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         """``variant``'s grid in needle's records, per lr."""
         return needle_grids[variant]["by_lr"]
 
+    def means(grid: dict, lrs: list[float]) -> str:
+        """``grid``'s means at ``lrs`` as the page writes them: "a / b / c", one decimal."""
+        return " / ".join(f"{grid[lr]['mean']:.1f}" for lr in lrs)
+
     def grid_means(grid: dict) -> str:
         """The page's "(grid means ... %)" for ``grid`` over the quoted lrs."""
-        return "(grid means {} %)".format(" / ".join(f"{grid[lr]['mean']:.1f}" for lr in quoted_lrs))
+        return f"(grid means {means(grid, quoted_lrs)} %)"
 
     success = FAMILIES["needle"].success
     by_lr = needle_grid("softmax")
@@ -846,20 +850,19 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     for v, label in (("softmax", "softmax"), ("diff", "V1")):
         by = speech_grid[v]["by_lr"]
         assert [by[lr]["n"] for lr in quoted_lrs] == [3] * 5 and speech_grid[v]["lr"] == 2e-3, v
-        assert "{} {}".format(label, " / ".join(f"{by[lr]['mean']:.1f}" for lr in quoted_lrs)) in words
+        assert f"{label} {means(by, quoted_lrs)}" in words
     v2_speech = speech_grid["diff_v2_matched"]["by_lr"]  # "V2's grid is complete too ... best at 8e-3 inside it"
     v2_lrs = [*quoted_lrs, 1.6e-2]
     assert sorted(v2_speech) == v2_lrs and [v2_speech[lr]["n"] for lr in v2_lrs] == [3] * 6
     assert max(quoted_lrs, key=lambda lr: v2_speech[lr]["mean"]) == 8e-3  # best at the first five's edge
     assert speech_grid["diff_v2_matched"]["lr"] == 8e-3
-    assert "V2's grid is complete too, {} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2".format(
-        " / ".join(f"{v2_speech[lr]['mean']:.1f}" for lr in v2_lrs)) in words
+    assert f"V2's grid is complete too, {means(v2_speech, v2_lrs)} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2" in words
     noisy_softmax = grid("speech-noisy")["softmax"]  # "-10 dB ... softmax's grid is complete ... best at 2e-3"
     assert sorted(noisy_softmax["by_lr"]) == quoted_lrs
     assert [noisy_softmax["by_lr"][lr]["n"] for lr in quoted_lrs] == [3] * 5
     assert noisy_softmax["lr"] == 2e-3 == speech_grid["softmax"]["lr"]
-    assert "softmax's grid is complete: {} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3, best at 2e-3".format(
-        " / ".join(f"{noisy_softmax['by_lr'][lr]['mean']:.1f}" for lr in quoted_lrs)) in words
+    assert (f"softmax's grid is complete: {means(noisy_softmax['by_lr'], quoted_lrs)} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / "
+            "8e-3, best at 2e-3") in words
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
