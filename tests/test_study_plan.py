@@ -863,6 +863,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert noisy_softmax["lr"] == 2e-3 == speech_grid["softmax"]["lr"]
     assert (f"softmax's grid is complete: {means(noisy_softmax['by_lr'], quoted_lrs)} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / "
             "8e-3, best at 2e-3") in words
+    noisy_v1 = grid("speech-noisy")["diff"]  # "V1's grid is complete too ... best at 4e-3 inside it"
+    assert sorted(noisy_v1["by_lr"]) == quoted_lrs and [noisy_v1["by_lr"][lr]["n"] for lr in quoted_lrs] == [3] * 5
+    assert noisy_v1["lr"] == 4e-3 == 2 * speech_grid["diff"]["lr"]
+    assert f"V1's grid is complete too: {means(noisy_v1['by_lr'], quoted_lrs)} % at the same lrs, best at 4e-3" in words
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
     assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
