@@ -8,13 +8,14 @@ import dataclasses
 import json
 import math
 import signal
+import statistics
 from pathlib import Path
 
 import pytest
 
 from diffzoo.stats import fisher_exact, holm
 from diffzoo.study import plan, sweep
-from diffzoo.study.families import FAMILIES, metric_value, run_name
+from diffzoo.study.families import FAMILIES, GRAD_NORM, metric_value, run_name
 from diffzoo.study.recipe import PLATEAU_TOL, RECIPE, Budget, lr_grid, plateau, recipe_args
 
 
@@ -628,6 +629,30 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert i["ci_high"] < 0  # "V1's logit slope per dB of SNR is lower than softmax's"
     gaps = [g["diff"] for g in i["gap_by_bin"]]
     assert gaps[-1] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in page  # cleanest third
+    # ... and at 320 epochs (the `speech` cell), softmax's and V1's finished columns: both at 2e-3, V1's seed
+    # interval below zero but not after Holm or with the voices resampled, no SNR interaction, its gap largest
+    # in the noisiest third; the gradient-norm ratio and plateau counts the page gives
+    sp = {r["variant"]: r for r in result["cells"]["speech"]["rows"]}
+    for v in ("softmax", "diff"):
+        assert sp[v]["n"] == 8 and sp[v]["lr"] == 2e-3 and f"{sp[v]['mean']:.2f} ± {sp[v]['sd']:.2f}" in page, v
+    c = sp["diff"]["vs"]
+    assert (f"V1 - softmax {c['diff']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}] points (Welch 95 % CI), exact "
+            f"permutation p {c['p_perm']:.3f}, which does not survive the study's Holm correction") in page
+    assert c["ci_high"] < 0 and c["p_perm"] < 0.05 <= sp["diff"]["p_holm_study"] and -3.5 < c["ci_low"] < -3.35
+    by = {r["variant"]: r for r in plan.cell_voice_stats(root / plan.RECORDS, plan.cell_named("speech"))["rows"]}
+    b, i = by["diff"]["bootstrap"], by["diff"]["interaction"]
+    assert f"({b['diff']:+.2f} [{b['ci_low']:+.2f}, {b['ci_high']:+.2f}], p boot {b['p']:.3f};" in page
+    assert b["ci_low"] < 0 < b["ci_high"] and i["ci_low"] < 0 < i["ci_high"]
+    assert f"by {i['diff']:+.4f} [{i['ci_low']:+.4f}, {i['ci_high']:+.4f}] (permutation p {i['p_perm']:.3f})" in page
+    gaps = [g["diff"] for g in i["gap_by_bin"]]
+    assert gaps[0] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in page  # noisiest third
+    speech_finals = [r for r in _records("speech")["runs"].values() if r["seed"] >= plan.FINAL_SEED]
+    norm = {v: statistics.median(statistics.median(x[1] for x in r["curves"][GRAD_NORM])
+                                 for r in speech_finals if r["variant"] == v) for v in ("softmax", "diff")}
+    assert f"softmax {norm['softmax']:.2f}, V1 {norm['diff']:.2f} ({norm['diff'] / norm['softmax']:.2f} times" in page
+    flat = [sum(1 for p in sp[v]["plateau"] if p and p["flat"]) for v in ("softmax", "diff")]
+    assert f"V1's 8 final seeds trail softmax's by {-c['diff']:.2f} points of test top-1" in page  # "In short"
+    assert flat == [6, 8] and "6 of softmax's 8 final runs and all 8 of V1's met the plateau rule" in page
     def size_cell(name: str, digits: int, unit: str) -> list[dict]:
         """A size cell's final runs, after checking the prose's means ± sd, Welch intervals and exact permutation
         p (as the study's tables compute them) against them."""
@@ -1047,6 +1072,16 @@ def test_readme_summary_is_what_the_records_give():
     c = speech["vs"]
     assert said.format(c["diff"], c["ci_low"], c["ci_high"], speech["p_holm_study"]) in words
     assert c["ci_high"] < 0 and speech["p_holm_study"] >= 0.05
+    # speech at 320 epochs, V1's finished column: below zero before Holm, not after it nor with the voices resampled
+    sp = next(r for r in result["cells"]["speech"]["rows"] if r["variant"] == "diff")
+    c = sp["vs"]
+    assert ("there V1, with all 8 final seeds in, is {:+.2f} points of test top-1 from softmax [{:+.2f}, {:+.2f}] (exact "
+            "permutation p {:.3f}, which does not survive the study's Holm correction; with the test voices resampled "
+            "its interval includes zero)").format(c["diff"], c["ci_low"], c["ci_high"], c["p_perm"]) in words
+    boot = next(r for r in plan.cell_voice_stats(root / plan.RECORDS, plan.cell_named("speech"))["rows"]
+                if r["variant"] == "diff")
+    assert c["ci_high"] < 0 and sp["p_holm_study"] >= 0.05 and boot["bootstrap"]["ci_low"] < 0 < boot["bootstrap"]["ci_high"]
+    assert boot["interaction"]["ci_low"] < 0 < boot["interaction"]["ci_high"]  # "its gap does not grow with the noise"
     vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r and r["variant"] in plan.MAIN}
     assert set(vit) == {"diff", "diff_v2_matched"}  # "both": the sentence reads V1 and V2, not the ablations
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
