@@ -674,7 +674,8 @@ def summary_block(result: dict) -> str:
             continue
         digits = 2 if cell["scale"] != 1.0 else 3
         by = {r["variant"]: r for r in cell["rows"]}
-        missing = [v for v in MAIN if v not in by]  # a cell still running shows its finished variants only
+        planned = next((c.variants for c in CELLS if c.name == cell["cell"]), MAIN)  # a cell runs its own variants
+        missing = [v for v in MAIN if v in planned and v not in by]  # a cell still running shows its finished ones
         if missing:  # (a task's second metric names the same cell)
             waiting.append(f"{cell['cell']} ({' and '.join(missing)})")
         mean, diff = _mean_cell(by, digits, lr=False), _diff_cell(by, digits, perm=False)
