@@ -651,8 +651,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                                  for r in speech_finals if r["variant"] == v) for v in ("softmax", "diff")}
     assert f"softmax {norm['softmax']:.2f}, V1 {norm['diff']:.2f} ({norm['diff'] / norm['softmax']:.2f} times" in page
     flat = [sum(1 for p in sp[v]["plateau"] if p and p["flat"]) for v in ("softmax", "diff")]
-    assert f"V1's 8 final seeds trail softmax's by {-c['diff']:.2f} points of test top-1" in page  # "In short"
     assert flat == [6, 8] and "6 of softmax's 8 final runs and all 8 of V1's met the plateau rule" in page
+    assert f"V1's 8 final seeds trail softmax's by {-c['diff']:.2f} points of test top-1" in page  # "In short"
     def size_cell(name: str, digits: int, unit: str) -> list[dict]:
         """A size cell's final runs, after checking the prose's means ± sd, Welch intervals and exact permutation
         p (as the study's tables compute them) against them."""

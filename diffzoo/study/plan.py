@@ -565,7 +565,7 @@ def headline(records: Path, cells: Sequence[Cell]) -> dict:
                                  "command": f"python -m recipes.study run --cells {cell.name}",
                                  "ablations": ablations, "runs": len(rec["runs"]), "seconds": seconds,
                                  "higher_is_better": family.higher_is_better, "scale": family.scale,
-                                 "superseded_by": cell.superseded_by}
+                                 "superseded_by": cell.superseded_by, "variants": list(cell.variants)}
     for compared in family_of.values():
         for r, p in zip(compared, holm([r["vs"]["p_perm"] for r in compared])):
             r["p_holm_study"] = p
@@ -674,8 +674,8 @@ def summary_block(result: dict) -> str:
             continue
         digits = 2 if cell["scale"] != 1.0 else 3
         by = {r["variant"]: r for r in cell["rows"]}
-        planned = next((c.variants for c in CELLS if c.name == cell["cell"]), MAIN)  # a cell runs its own variants
-        missing = [v for v in MAIN if v in planned and v not in by]  # a cell still running shows its finished ones
+        # a cell still running shows its finished variants only; the ones it does not run are not to come
+        missing = [v for v in MAIN if v in cell["variants"] and v not in by]
         if missing:  # (a task's second metric names the same cell)
             waiting.append(f"{cell['cell']} ({' and '.join(missing)})")
         mean, diff = _mean_cell(by, digits, lr=False), _diff_cell(by, digits, perm=False)
