@@ -633,8 +633,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # interval below zero but not after Holm or with the voices resampled, no SNR interaction, its gap largest
     # in the noisiest third; the gradient-norm ratio and plateau counts the page gives
     sp = {r["variant"]: r for r in result["cells"]["speech"]["rows"]}
-    for v in ("softmax", "diff"):
-        assert sp[v]["n"] == 8 and sp[v]["lr"] == 2e-3 and f"{sp[v]['mean']:.2f} ± {sp[v]['sd']:.2f}" in page, v
+    for v in plan.MAIN:
+        assert sp[v]["n"] == 8 and sp[v]["lr"] == (8e-3 if v == "diff_v2_matched" else 2e-3), v
+    assert ("Test top-1 (8 final seeds): softmax {:.2f} ± {:.2f} % (lr 2e-3), V1 {:.2f} ± {:.2f} (lr 2e-3), V2 matched "
+            "{:.2f} ± {:.2f} (lr 8e-3).").format(*(sp[v][k] for v in plan.MAIN for k in ("mean", "sd"))) in page
     c = sp["diff"]["vs"]
     assert (f"V1 - softmax {c['diff']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}] points (Welch 95 % CI), exact "
             f"permutation p {c['p_perm']:.3f}, which does not survive the study's Holm correction") in page
@@ -646,13 +648,33 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"by {i['diff']:+.4f} [{i['ci_low']:+.4f}, {i['ci_high']:+.4f}] (permutation p {i['p_perm']:.3f})" in page
     gaps = [g["diff"] for g in i["gap_by_bin"]]
     assert gaps[0] == min(gaps) and "{:+.2f}, {:+.2f} and {:+.2f} points".format(*gaps) in page  # noisiest third
+    # V2 matched at 8e-3: no difference, with the seed and voice intervals, the SNR slope and the gap per third
+    c2, b2, i2 = sp["diff_v2_matched"]["vs"], by["diff_v2_matched"]["bootstrap"], by["diff_v2_matched"]["interaction"]
+    assert (f"V2 matched - softmax {c2['diff']:+.2f} [{c2['ci_low']:+.2f}, {c2['ci_high']:+.2f}] points (Welch 95 % "
+            f"CI), exact permutation p {c2['p_perm']:.3f}; with the test voices resampled {b2['diff']:+.2f} "
+            f"[{b2['ci_low']:+.2f}, {b2['ci_high']:+.2f}], p boot {b2['p']:.3f}. **No difference found**") in page
+    assert -1.5 < c2["ci_low"] < -1.45 < 0 < 1.75 < c2["ci_high"] < 1.85 and b2["ci_low"] < 0 < b2["ci_high"]
+    assert i2["ci_low"] < 0 < i2["ci_high"]  # "Nor does V2's gap move with the noise"
+    assert f"by {i2['diff']:+.4f} [{i2['ci_low']:+.4f}, {i2['ci_high']:+.4f}] (permutation p {i2['p_perm']:.3f})" in page
+    assert "noisiest first, is {:+.2f}, {:+.2f} and {:+.2f} points".format(
+        *(g["diff"] for g in i2["gap_by_bin"])) in page
+    old = {r["variant"]: r for r in result["cells"]["speech-160ep"]["rows"]}["diff_v2_matched"]["vs"]
+    assert f"V2 was {old['diff']:+.2f} [{old['ci_low']:+.2f}, {old['ci_high']:+.2f}] from softmax" in page
     speech_finals = [r for r in _records("speech")["runs"].values() if r["seed"] >= plan.FINAL_SEED]
     norm = {v: statistics.median(statistics.median(x[1] for x in r["curves"][GRAD_NORM])
-                                 for r in speech_finals if r["variant"] == v) for v in ("softmax", "diff")}
+                                 for r in speech_finals if r["variant"] == v) for v in plan.MAIN}
     assert f"softmax {norm['softmax']:.2f}, V1 {norm['diff']:.2f} ({norm['diff'] / norm['softmax']:.2f} times" in page
-    flat = [sum(1 for p in sp[v]["plateau"] if p and p["flat"]) for v in ("softmax", "diff")]
-    assert flat == [6, 8] and "6 of softmax's 8 final runs and all 8 of V1's met the plateau rule" in page
-    assert f"V1's 8 final seeds trail softmax's by {-c['diff']:.2f} points of test top-1" in page  # "In short"
+    v2_norm = norm["diff_v2_matched"]
+    assert f"V2 {v2_norm:.2f} ({v2_norm / norm['softmax']:.2f} times softmax's, at four times its lr)" in page
+    flat = [sum(1 for p in sp[v]["plateau"] if p and p["flat"]) for v in plan.MAIN]
+    assert flat == [6, 8, 7] and "6 of softmax's 8 final runs, all 8 of V1's and 7 of V2's met the plateau rule" in page
+    val_gap = [statistics.mean(100 * r["summary"]["metrics"]["val/top1"] for r in speech_finals if r["variant"] == v)
+               - sp[v]["mean"] for v in plan.MAIN]
+    assert all(7.5 <= g < 9.5 for g in val_gap), val_gap  # "about 8-9 points below the validation voices"
+    # "In short"
+    assert f"V1's 8 final seeds trail softmax's by {-c['diff']:.2f} points of test top-1" in page
+    assert (f"and V2's are level with softmax's ({c2['diff']:+.2f} points [{c2['ci_low']:+.2f}, {c2['ci_high']:+.2f}]); "
+            "speech at -10 dB is still running") in page
     def size_cell(name: str, digits: int, unit: str) -> list[dict]:
         """A size cell's final runs, after checking the prose's means ± sd, Welch intervals and exact permutation
         p (as the study's tables compute them) against them."""
@@ -876,12 +898,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         by = speech_grid[v]["by_lr"]
         assert [by[lr]["n"] for lr in quoted_lrs] == [3] * 5 and speech_grid[v]["lr"] == 2e-3, v
         assert f"{label} {means(by, quoted_lrs)}" in words
-    v2_speech = speech_grid["diff_v2_matched"]["by_lr"]  # "V2's grid is complete too ... best at 8e-3 inside it"
+    v2_speech = speech_grid["diff_v2_matched"]["by_lr"]  # "V2's grid ... best at 8e-3 inside it"
     v2_lrs = [*quoted_lrs, 1.6e-2]
     assert sorted(v2_speech) == v2_lrs and [v2_speech[lr]["n"] for lr in v2_lrs] == [3] * 6
     assert max(quoted_lrs, key=lambda lr: v2_speech[lr]["mean"]) == 8e-3  # best at the first five's edge
     assert speech_grid["diff_v2_matched"]["lr"] == 8e-3
-    assert f"V2's grid is complete too, {means(v2_speech, v2_lrs)} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2" in words
+    assert f"V2's grid, {means(v2_speech, v2_lrs)} % at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3 / 1.6e-2" in words
     noisy_softmax = grid("speech-noisy")["softmax"]  # "-10 dB ... softmax's grid is complete ... best at 2e-3"
     assert sorted(noisy_softmax["by_lr"]) == quoted_lrs
     assert [noisy_softmax["by_lr"][lr]["n"] for lr in quoted_lrs] == [3] * 5
@@ -1082,6 +1104,9 @@ def test_readme_summary_is_what_the_records_give():
                 if r["variant"] == "diff")
     assert c["ci_high"] < 0 and sp["p_holm_study"] >= 0.05 and boot["bootstrap"]["ci_low"] < 0 < boot["bootstrap"]["ci_high"]
     assert boot["interaction"]["ci_low"] < 0 < boot["interaction"]["ci_high"]  # "its gap does not grow with the noise"
+    v2 = next(r for r in result["cells"]["speech"]["rows"] if r["variant"] == "diff_v2_matched")["vs"]
+    assert "V2 is {:+.2f} [{:+.2f}, {:+.2f}] (p {:.3f}), no difference found.".format(
+        v2["diff"], v2["ci_low"], v2["ci_high"], v2["p_perm"]) in words and v2["ci_low"] < 0 < v2["ci_high"]
     vit = {r["variant"]: r["vs"] for r in result["cells"]["vit"]["rows"] if "vs" in r and r["variant"] in plan.MAIN}
     assert set(vit) == {"diff", "diff_v2_matched"}  # "both": the sentence reads V1 and V2, not the ablations
     assert all(abs(c["diff"]) < 0.25 and max(abs(c["ci_low"]), abs(c["ci_high"])) < 0.65 for c in vit.values())
