@@ -671,7 +671,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     val_gap = [statistics.mean(100 * r["summary"]["metrics"]["val/top1"] for r in speech_finals if r["variant"] == v)
                - sp[v]["mean"] for v in plan.MAIN]
     assert all(7.5 <= g < 9.5 for g in val_gap), val_gap  # "about 8-9 points below the validation voices"
-    # "In short"
+    # "In short": every task's cell has all three variants' 8 final seeds, and no final row survives the study's Holm
+    assert ("On all six tasks, each now finished at its final budget (ViT digits, MQAR, cluttered digits, spoken "
+            "keywords, CLIP, the byte-level LM), no gap") in page
+    for name in ("vit", "mqar", "cluttered", "speech", "clip", "lm"):
+        assert [r["n"] for r in result["cells"][name]["rows"] if r["variant"] in plan.MAIN] == [8, 8, 8], name
+    assert not [(name, r["variant"]) for name, c in result["cells"].items() if c and name not in result["earlier"]
+                for r in c["rows"] if "vs" in r and r["p_holm_study"] < 0.05]
     assert f"V1's 8 final seeds trail softmax's by {-c['diff']:.2f} points of test top-1" in page
     assert (f"and V2's are level with softmax's ({c2['diff']:+.2f} points [{c2['ci_low']:+.2f}, {c2['ci_high']:+.2f}]); "
             "speech at -10 dB is still running") in page
