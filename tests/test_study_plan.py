@@ -12,8 +12,9 @@ import statistics
 from pathlib import Path
 
 import pytest
+from scipy import stats as scipy_stats
 
-from diffzoo.stats import fisher_exact, holm
+from diffzoo.stats import fisher_exact, holm, welch
 from diffzoo.study import plan, sweep
 from diffzoo.study.families import FAMILIES, GRAD_NORM, metric_value, run_name
 from diffzoo.study.recipe import PLATEAU_TOL, RECIPE, Budget, lr_grid, plateau, recipe_args
@@ -205,6 +206,38 @@ def test_gap_table_pairs_the_cells_of_one_task_at_each_budget(tmp_path):
     table = plan.gap_table(rows)
     assert "| vit (test/top1) | vit-40ep | 40 epochs | -2.00 [" in table and "| vit | 80 epochs | -0.50 [" in table
     assert [plan.budget_words(c) for c in plan.CELLS if c.name in ("lm", "lm-2k")] == ["4,000 steps", "2,000 steps"]
+
+
+def test_noise_gaps_compare_the_gap_at_a_fixed_noise_with_the_tasks_own(tmp_path):
+    best = {"softmax": 2e-3, "diff": 2e-3, "diff_v2_matched": 8e-3}
+    soft = [50.0, 51.5, 49.0, 53.0, 52.5, 48.0, 50.5, 51.0]
+    noisy_v1 = [x - 4.0 + 0.5 * (i % 3) for i, x in enumerate(soft)]
+    cells = [c for c in plan.CELLS if c.name in ("speech", "speech-noisy")]
+    # the task's cell with no spread: the change's interval, df and p are Welch's between the noisy cell's groups
+    (tmp_path / "speech.json").write_text(json.dumps(_record("speech", best, {
+        "softmax": [90.0] * 8, "diff": [89.0] * 8, "diff_v2_matched": [90.5] * 8})))
+    (tmp_path / "speech-noisy.json").write_text(json.dumps(_record("speech", best, {"softmax": soft, "diff": noisy_v1})))
+    [row] = plan.noise_gaps(tmp_path, cells)
+    w = welch(noisy_v1, soft)
+    assert (row["cell"], row["clean"], row["variant"], row["n"]) == ("speech-noisy", "speech", "diff", [8, 8, 8, 8])
+    assert row["change"]["diff"] == pytest.approx(w["diff"] + 1.0)
+    assert row["change"]["ci_low"] == pytest.approx(w["ci_low"] + 1.0)
+    assert row["change"]["p"] == pytest.approx(2 * scipy_stats.t.sf(abs(w["diff"] + 1.0) / (w["diff"] / w["t"]), w["df"]))
+    assert row["change"]["df"] == pytest.approx(w["df"]) and row["gap_clean"]["diff"] == pytest.approx(-1.0)
+    # both cells spread: the standard error adds the four groups' variances of the mean
+    clean_soft = [90.0, 91.0, 89.5, 92.0, 90.5, 88.0, 91.5, 90.0]
+    (tmp_path / "speech.json").write_text(json.dumps(_record("speech", best, {
+        "softmax": clean_soft, "diff": [x - 1.0 for x in reversed(clean_soft)], "diff_v2_matched": clean_soft})))
+    [row] = plan.noise_gaps(tmp_path, cells)
+    se = math.sqrt(sum(statistics.variance(g) / 8 for g in (soft, noisy_v1, clean_soft, clean_soft)))
+    half = row["change"]["ci_high"] - row["change"]["diff"]
+    assert row["change"]["diff"] == pytest.approx(w["diff"] + 1.0) and 2.0 * se < half < 2.1 * se  # t(0.975, ~28)
+    text = plan.report_markdown(tmp_path, cells, plan.headline(tmp_path, cells), tmp_path)
+    assert "### Does the gap change with noise?" in text and "| speech (test/top1) | diff - softmax | speech: -1.00 [" in text
+    # a variant half-way through its final seeds at the fixed noise: no row, no section
+    (tmp_path / "speech-noisy.json").write_text(json.dumps(_record("speech", best, {"softmax": soft, "diff": soft[:5]})))
+    assert plan.noise_gaps(tmp_path, cells) == []
+    assert "### Does the gap change" not in plan.report_markdown(tmp_path, cells, plan.headline(tmp_path, cells), tmp_path)
 
 
 def test_status_says_how_long_a_started_cell_has_left(tmp_path):

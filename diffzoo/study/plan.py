@@ -38,8 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from scipy import stats as _st
+
 from ..layers.spec import ABLATION_VARIANTS, MAIN_VARIANTS
-from ..stats import compare, holm
+from ..stats import compare, holm, welch
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
@@ -730,6 +732,13 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
                          "shortcut (where a mean and a Welch interval describe them poorly). Fisher's exact p is "
                          "two-sided and outside the study's Holm family.\n\n"
                          + success_table(family, success_rows(family, final, "softmax", family.test_metric), "softmax"))
+    noise = noise_gaps(records, cells)
+    if noise:
+        parts.append("### Does the gap change with noise? Each cell at a fixed noise level against its task's cell\n\n"
+                     + noise_table(noise) + "\n\nEach gap is the variant minus softmax over the final seeds (Welch "
+                     "95 % CI), each cell at its own best learning rates; the change is the gap at the fixed noise "
+                     "minus the gap in the task's cell, with a Welch-Satterthwaite 95 % interval over the four groups "
+                     "of seeds and its two-sided t p, outside the study's Holm family.")
     gaps = gap_by_budget(result, cells)
     if gaps:
         parts.append("### The gap against the budget: each task's cells at more than one budget\n\n" + gap_table(gaps)
@@ -878,6 +887,66 @@ def gap_table(rows: list[dict]) -> str:
 
         lines.append(f"| {r['family']} ({r['metric']}) | {r['cell']} | {r['budget']} | {diff(MAIN[1])} | "
                      f"{diff(MAIN[2])} |")
+    return "\n".join(lines)
+
+
+# a cell at one fixed noise level -> its task's cell (the usual mix of levels; the same task, budget and seeds)
+NOISY_OF = {"speech-noisy": "speech"}
+
+
+def noise_gaps(records: Path, cells: Sequence[Cell], reference: str = "softmax", confidence: float = 0.95) -> list[dict]:
+    """Does a variant's gap to ``reference`` change with noise? For each cell of ``cells`` at a fixed noise level
+    (:data:`NOISY_OF`) whose task's cell is in ``cells`` too, per variant with all its final seeds, and
+    ``reference``'s, in both: each cell's gap (variant minus ``reference`` in the test metric, Welch interval) and
+    the change of the gap from the task's cell to the noisy one, ``(a - b) - (c - d)`` over the four groups of
+    final seeds, with a Welch-Satterthwaite interval (standard error from the four groups' variances, degrees of
+    freedom by Satterthwaite) and its two-sided t p. Each cell's learning rates are tuned on its own validation
+    set, so the change is not an lr chosen for other noise. One test per variant, outside the study's Holm family."""
+    by_name = {c.name: c for c in cells}
+    rows = []
+    for noisy in cells:
+        clean = by_name.get(NOISY_OF.get(noisy.name, ""))
+        if clean is None:
+            continue
+        family = FAMILIES[noisy.family]
+        scores: dict[tuple[str, str], list[float]] = {}
+        for cell in (clean, noisy):
+            for r in complete_final_runs(load(records, cell), cell)[0]:
+                x = family.scale * metric_value(r, family.test_metric)
+                if math.isfinite(x):
+                    scores.setdefault((cell.name, r["variant"]), []).append(x)
+        for v in noisy.variants:
+            groups = [scores.get((c.name, w), []) for c in (noisy, clean) for w in (v, reference)]
+            if v == reference or min(map(len, groups)) < 2:
+                continue
+            means = [statistics.mean(g) for g in groups]
+            change = (means[0] - means[1]) - (means[2] - means[3])
+            var = [statistics.variance(g) / len(g) for g in groups]
+            se = math.sqrt(sum(var))
+            if se == 0.0:
+                low = high = change
+                df, p = math.nan, (0.0 if change else 1.0)
+            else:
+                df = sum(var) ** 2 / sum(s * s / (len(g) - 1) for s, g in zip(var, groups))
+                p = float(2 * _st.t.sf(abs(change) / se, df))
+                half = float(_st.t.ppf(0.5 + confidence / 2, df)) * se
+                low, high = change - half, change + half
+            rows.append({"cell": noisy.name, "clean": clean.name, "family": noisy.family,
+                         "metric": family.test_metric, "scale": family.scale, "variant": v, "reference": reference,
+                         "n": [len(g) for g in groups], "gap_noisy": welch(groups[0], groups[1], confidence),
+                         "gap_clean": welch(groups[2], groups[3], confidence),
+                         "change": {"diff": change, "ci_low": low, "ci_high": high, "df": df, "p": p}})
+    return rows
+
+
+def noise_table(rows: list[dict]) -> str:
+    lines = ["| task (metric) | variant | gap in the task's cell [95 % CI] | gap at the fixed noise [95 % CI] | "
+             "change [95 % CI], p |", "|" + "---|" * 5]
+    for r in rows:
+        digits = 2 if r["scale"] != 1.0 else 3
+        lines.append(f"| {r['family']} ({r['metric']}) | {r['variant']} - {r['reference']} | {r['clean']}: "
+                     f"{_with_ci(r['gap_clean'], digits)} | {r['cell']}: {_with_ci(r['gap_noisy'], digits)} | "
+                     f"{_with_ci(r['change'], digits)}, {fmt_p(r['change']['p'])} |")
     return "\n".join(lines)
 
 
