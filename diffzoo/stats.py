@@ -11,6 +11,7 @@ same metric, e.g. five differential runs against five softmax runs::
     c.p_perm, c.perm_exact          # permutation p over every split of the 6 values (exact: True)
     holm([0.01, 0.04, 0.03])        # family-wise adjusted p-values, same order
     fisher_exact(2, 8, 7, 8)        # Fisher's exact p: 2 of 8 runs succeed against 7 of 8
+    welch_contrast([a1, b1, a2, b2], [1, -1, -1, 1])  # does the gap a - b differ between two conditions?
 
 The permutation test uses the difference of means as its statistic and counts the splits whose
 absolute difference is at least the observed one (two-sided). With up to ``EXACT_LIMIT`` distinct
@@ -69,17 +70,41 @@ def welch(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> d
     ``df`` (Welch-Satterthwaite) and the two-sided ``p``. Needs two values per sample; when both
     samples have zero spread the difference is exact (``p`` 0 if the means differ, 1 if not).
     """
-    x, y = _array(a, "a"), _array(b, "b")
-    diff = float(x.mean() - y.mean())
+    return welch_contrast([a, b], [1.0, -1.0], confidence, names=("a", "b"))
+
+
+def welch_contrast(
+    groups: Sequence[Sequence[float]], weights: Sequence[float], confidence: float = 0.95,
+    names: Sequence[str] | None = None,
+) -> dict[str, float]:
+    """Welch's t for a contrast of independent groups' means, ``sum(w_i * mean(groups[i]))``.
+
+    The standard error adds each group's ``w_i**2 * var_i / n_i``; the degrees of freedom are
+    Satterthwaite's. :func:`welch` is the two-group case ``(1, -1)``; ``(1, -1, -1, 1)`` over
+    ``(a1, b1, a2, b2)`` asks whether the gap ``a - b`` differs between two conditions. Returns the same keys
+    as :func:`welch`, with the same rules for groups of fewer than two values and for no spread at all.
+    """
+    if len(groups) != len(weights) or not groups:
+        raise ValueError(f"{len(groups)} groups and {len(weights)} weights: pass one weight per group")
+    arrays = [_array(g, name) for g, name in zip(groups, names or [f"group {i}" for i in range(len(groups))])]
+    diff = 0.0
+    for w, x in zip(weights, arrays):
+        diff += float(w * x.mean())
     nan = float("nan")
-    if x.size < 2 or y.size < 2:
+    if min(x.size for x in arrays) < 2:
         return dict(diff=diff, ci_low=nan, ci_high=nan, t=nan, df=nan, p=nan)
-    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
-    se = math.sqrt(va + vb)
+    var = [w * w * x.var(ddof=1) / x.size for w, x in zip(weights, arrays)]
+    total = 0.0
+    for v in var:
+        total += v
+    se = math.sqrt(total)
     if se == 0.0:
         t = math.copysign(math.inf, diff) if diff else nan
         return dict(diff=diff, ci_low=diff, ci_high=diff, t=t, df=nan, p=0.0 if diff else 1.0)
-    df = (va + vb) ** 2 / (va ** 2 / (x.size - 1) + vb ** 2 / (y.size - 1))
+    spread = 0.0
+    for v, x in zip(var, arrays):
+        spread += v ** 2 / (x.size - 1)
+    df = total ** 2 / spread
     t = diff / se
     p = float(2 * _st.t.sf(abs(t), df))
     half = float(_st.t.ppf(0.5 + confidence / 2, df)) * se

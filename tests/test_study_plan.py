@@ -703,9 +703,9 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"V2 {v2_norm:.2f} ({v2_norm / norm['softmax']:.2f} times softmax's, at four times its lr)" in page
     flat = [sum(1 for p in sp[v]["plateau"] if p and p["flat"]) for v in plan.MAIN]
     assert flat == [6, 8, 7] and "6 of softmax's 8 final runs, all 8 of V1's and 7 of V2's met the plateau rule" in page
-    machines = {r["seed"] >= plan.FINAL_SEED: set() for r in _records("speech")["runs"].values()}
+    machines: dict[bool, set] = {}
     for r in _records("speech")["runs"].values():
-        machines[r["seed"] >= plan.FINAL_SEED].add((r["code"]["cpu_model"].split()[0], r["code"]["cpu"]))
+        machines.setdefault(r["seed"] >= plan.FINAL_SEED, set()).add((r["code"]["cpu_model"].split()[0], r["code"]["cpu"]))
     assert machines == {True: {("AMD", "AVX512")}, False: {("Intel(R)", "AVX512")}}  # "the same kind of machine"
     assert "(AMD EPYC, AVX512, as their records say), every grid run on another (Intel Xeon, AVX512)" in page
     val_gap = [statistics.mean(100 * r["summary"]["metrics"]["val/top1"] for r in speech_finals if r["variant"] == v)

@@ -38,10 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from scipy import stats as _st
-
 from ..layers.spec import ABLATION_VARIANTS, MAIN_VARIANTS
-from ..stats import compare, holm, welch
+from ..stats import compare, holm, welch, welch_contrast
 from .families import FAMILIES, lr_tag, metric_value
 from .plots import plot_curves, plot_grid
 from .recipe import RECIPE, lr_grid
@@ -899,9 +897,9 @@ def noise_gaps(records: Path, cells: Sequence[Cell], reference: str = "softmax",
     (:data:`NOISY_OF`) whose task's cell is in ``cells`` too, per variant with all its final seeds, and
     ``reference``'s, in both: each cell's gap (variant minus ``reference`` in the test metric, Welch interval) and
     the change of the gap from the task's cell to the noisy one, ``(a - b) - (c - d)`` over the four groups of
-    final seeds, with a Welch-Satterthwaite interval (standard error from the four groups' variances, degrees of
-    freedom by Satterthwaite) and its two-sided t p. Each cell's learning rates are tuned on its own validation
-    set, so the change is not an lr chosen for other noise. One test per variant, outside the study's Holm family."""
+    final seeds, with its Welch-Satterthwaite interval and two-sided t p (:func:`~diffzoo.stats.welch_contrast`).
+    Each cell's learning rates are tuned on its own validation set, so the change is not an lr chosen for other
+    noise. One test per variant, outside the study's Holm family."""
     by_name = {c.name: c for c in cells}
     rows = []
     for noisy in cells:
@@ -919,23 +917,12 @@ def noise_gaps(records: Path, cells: Sequence[Cell], reference: str = "softmax",
             groups = [scores.get((c.name, w), []) for c in (noisy, clean) for w in (v, reference)]
             if v == reference or min(map(len, groups)) < 2:
                 continue
-            means = [statistics.mean(g) for g in groups]
-            change = (means[0] - means[1]) - (means[2] - means[3])
-            var = [statistics.variance(g) / len(g) for g in groups]
-            se = math.sqrt(sum(var))
-            if se == 0.0:
-                low = high = change
-                df, p = math.nan, (0.0 if change else 1.0)
-            else:
-                df = sum(var) ** 2 / sum(s * s / (len(g) - 1) for s, g in zip(var, groups))
-                p = float(2 * _st.t.sf(abs(change) / se, df))
-                half = float(_st.t.ppf(0.5 + confidence / 2, df)) * se
-                low, high = change - half, change + half
+            change = welch_contrast(groups, (1.0, -1.0, -1.0, 1.0), confidence)
             rows.append({"cell": noisy.name, "clean": clean.name, "family": noisy.family,
                          "metric": family.test_metric, "scale": family.scale, "variant": v, "reference": reference,
                          "n": [len(g) for g in groups], "gap_noisy": welch(groups[0], groups[1], confidence),
                          "gap_clean": welch(groups[2], groups[3], confidence),
-                         "change": {"diff": change, "ci_low": low, "ci_high": high, "df": df, "p": p}})
+                         "change": change})
     return rows
 
 
