@@ -59,6 +59,26 @@ def test_holm_by_hand_and_zero_spread():
         stats.compare([1.0, float("nan")], [1.0, 2.0])
 
 
+def test_welch_contrast_by_hand_and_its_bad_inputs():
+    rng = np.random.default_rng(5)
+    groups = [rng.normal(m, s, n) for m, s, n in ((3.0, 1.0, 5), (1.0, 2.0, 6), (2.0, 0.5, 4), (0.5, 1.5, 7))]
+    w = (1.0, -1.0, -1.0, 1.0)
+    c = stats.welch_contrast(groups, w, confidence=0.9)
+    v = [wi * wi * g.var(ddof=1) / g.size for wi, g in zip(w, groups)]
+    se, df = math.sqrt(sum(v)), sum(v) ** 2 / sum(vi * vi / (g.size - 1) for vi, g in zip(v, groups))
+    diff = sum(wi * g.mean() for wi, g in zip(w, groups))
+    half = scipy_stats.t.ppf(0.95, df) * se
+    assert c["diff"] == pytest.approx(diff) and c["df"] == pytest.approx(df) and c["t"] == pytest.approx(diff / se)
+    assert (c["ci_low"], c["ci_high"]) == pytest.approx((diff - half, diff + half))
+    assert c["p"] == pytest.approx(2 * scipy_stats.t.sf(abs(diff / se), df))
+    with pytest.raises(ValueError, match="3 groups and 2 weights"):
+        stats.welch_contrast(groups[:3], (1.0, -1.0))
+    with pytest.raises(ValueError, match="0 groups"):
+        stats.welch_contrast([], [])
+    one = stats.welch_contrast([[1.0], [2.0, 3.0]], (1.0, -1.0))  # one value: a difference but no interval
+    assert one["diff"] == pytest.approx(-1.5) and math.isnan(one["p"]) and math.isnan(one["ci_low"])
+
+
 # -- variants --------------------------------------------------------------------------------------
 def _count(m):
     return sum(p.numel() for p in m.parameters())
