@@ -64,7 +64,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
                       "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k", "cluttered-120ep", "lm-xxs", "speech-160ep",
-                      "lm-xxs-32k"}
+                      "lm-xxs-32k", "speech-noisy"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
@@ -74,6 +74,10 @@ def test_recipe_arguments_state_one_rule_for_every_family():
     noisy, speech = by_name["speech-noisy"], by_name["speech"]
     assert (noisy.family, noisy.epochs, noisy.size_args) == (speech.family, speech.epochs, speech.size_args)
     assert noisy.extra == (*speech.extra, "--data.init_args.snr_fixed_db=-10") and noisy.superseded_by is None
+    # ... and its budget check trains the cell's own two variants, at -10 dB, three grid seeds, twice the epochs
+    check = by_name["speech-noisy-2x"]
+    assert (check.variants, check.extra, check.check_seeds) == (noisy.variants, noisy.extra, 3)
+    assert plan.cell_epochs(check) == 2 * noisy.epochs
     assert all(by_name[c.superseded_by].epochs > (c.epochs or 0) for c in plan.CELLS
                if c.family == "speech" and c.superseded_by)  # every earlier speech budget is shorter than the task's
 
