@@ -87,24 +87,17 @@ def welch_contrast(
     if len(groups) != len(weights) or not groups:
         raise ValueError(f"{len(groups)} groups and {len(weights)} weights: pass one weight per group")
     arrays = [_array(g, name) for g, name in zip(groups, names or [f"group {i}" for i in range(len(groups))])]
-    diff = 0.0
-    for w, x in zip(weights, arrays):
-        diff += float(w * x.mean())
+    diff = sum(float(w * x.mean()) for w, x in zip(weights, arrays))
     nan = float("nan")
     if min(x.size for x in arrays) < 2:
         return dict(diff=diff, ci_low=nan, ci_high=nan, t=nan, df=nan, p=nan)
     var = [w * w * x.var(ddof=1) / x.size for w, x in zip(weights, arrays)]
-    total = 0.0
-    for v in var:
-        total += v
+    total = sum(var)
     se = math.sqrt(total)
     if se == 0.0:
         t = math.copysign(math.inf, diff) if diff else nan
         return dict(diff=diff, ci_low=diff, ci_high=diff, t=t, df=nan, p=0.0 if diff else 1.0)
-    spread = 0.0
-    for v, x in zip(var, arrays):
-        spread += v ** 2 / (x.size - 1)
-    df = total ** 2 / spread
+    df = total ** 2 / sum(v ** 2 / (x.size - 1) for v, x in zip(var, arrays))
     t = diff / se
     p = float(2 * _st.t.sf(abs(t), df))
     half = float(_st.t.ppf(0.5 + confidence / 2, df)) * se
