@@ -318,7 +318,8 @@ def test_status_estimates_an_unstarted_cell_from_one_of_the_same_size(tmp_path):
 
 def test_status_times_a_variant_not_run_yet_by_its_ratio_to_one_that_has(tmp_path):
     """vit-l has only softmax runs (30 min): V1 is timed by its ratio to softmax in the vit cell (twice as long
-    there), V2, which no vit cell ran, by the mean of those two; ``--finish-by`` gets the longest runs instead."""
+    there), V2, which no vit cell ran, by the mean of those two; ``--finish-by`` gets the cell's longest runs
+    instead, times the same ratio of the means (a longest run is one slow session, no measure of the variant)."""
     cells = {c.name: c for c in plan.CELLS}
     small = {f"{v}_lr0.001_seed{i}": {"variant": v, "lr": 1e-3, "seed": i, "seconds": secs + 60 * i}
              for v, secs in (("softmax", 180.0), ("diff", 420.0)) for i in range(3)}  # means 4 and 8 min
@@ -331,7 +332,29 @@ def test_status_times_a_variant_not_run_yet_by_its_ratio_to_one_that_has(tmp_pat
     assert f"softmax {each - 2} x 35.0 min, diff {each} x 70.0 min, diff_v2_matched " \
            f"{each} x 52.5 min; diff, diff_v2_matched timed from other runs)" in line
     longest = plan._variant_seconds(tmp_path, cells["vit-l"], longest=True)  # vit's longest: 5 and 9 min
-    assert longest == pytest.approx({"softmax": 2400.0, "diff": 2400.0 * 9 / 5, "diff_v2_matched": (2400.0 + 4320.0) / 2})
+    assert longest == pytest.approx({"softmax": 2400.0, "diff": 2400.0 * 2, "diff_v2_matched": (2400.0 + 4800.0) / 2})
+
+
+def test_a_cell_with_runs_times_its_other_variants_by_its_own_runs_and_the_median_ratio(tmp_path):
+    """vit-2x ran only softmax (10 min a run). Its same-size cell vit ran V1 on a slow day (30 min at half the
+    epochs): scaled by the epochs that says 60 min. Its own softmax runs times the median V1/softmax ratio of
+    the family's cells (2, 1.5 and 1.3 in vit, vit-40ep and vit-l) say 15 min, which is what it gets."""
+    cells = {c.name: c for c in plan.CELLS}
+
+    def write(name, secs):
+        runs = {f"{v}_lr0.001_seed{i}": {"variant": v, "lr": 1e-3, "seed": i, "seconds": s}
+                for v, s in secs.items() for i in range(2)}
+        (tmp_path / f"{name}.json").write_text(json.dumps({"runs": runs}))
+
+    write("vit", {"softmax": 900.0, "diff": 1800.0})
+    write("vit-40ep", {"softmax": 100.0, "diff": 150.0})
+    write("vit-l", {"softmax": 100.0, "diff": 130.0})
+    write("vit-2x", {"softmax": 600.0})
+    assert plan._variant_seconds(tmp_path, cells["vit-2x"]) == pytest.approx(
+        {"softmax": 600.0, "diff": 900.0, "diff_v2_matched": 750.0})
+    (tmp_path / "vit-2x.json").unlink()  # no runs of its own: all from vit, scaled by the epochs
+    assert plan._variant_seconds(tmp_path, cells["vit-2x"]) == pytest.approx(
+        {"softmax": 1800.0, "diff": 3600.0, "diff_v2_matched": 2700.0})
 
 
 def test_the_study_pipeline_runs_resumes_and_reports(tmp_path, capsys):

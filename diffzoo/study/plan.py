@@ -408,27 +408,32 @@ def _variant_means(records: Path, cell: Cell, longest: bool = False) -> dict[str
 
 def _variant_seconds(records: Path, cell: Cell, longest: bool = False) -> dict[str, float]:
     """How long a run of each of ``cell``'s variants takes (seconds; the mean, or the ``longest`` run, which
-    ``--finish-by`` wants): from that variant's runs in the cell's own records, else in a cell of the same family
-    and model size (of those, the one whose budget is nearest, so that the scaling by the ratio of the epochs,
-    which ignores each run's fixed costs, stretches least). A variant neither gives is timed from one that has a
-    time, by the ratio of the two variants' run times in the nearest cell of the family that ran both (any size):
-    variants differ by 2-3x in cost, more than sizes of one family differ in that ratio; where no cell ran both,
-    by the mean of the variants timed so. Empty when nothing like the cell's runs is recorded."""
+    ``--finish-by`` wants): from that variant's runs in the cell's own records. A cell with no runs yet takes
+    its times from a cell of the same family and model size (of those, the one whose budget is nearest, so that
+    the scaling by the ratio of the epochs, which ignores each run's fixed costs, stretches least). A variant
+    still without a time is timed from one that has one, by the median over the family's cells (any size) that
+    ran both of the ratio of the two variants' mean run times: variants differ by 2-3x in cost, more than sizes
+    of one family differ in that ratio, and a cell's own runs carry the speed of the machine they ran on, which
+    differed by 2x between sessions (so one cell's ratio, or its longest run, can be far off, and a cell's runs
+    timed on another day say less than its own runs of another variant); where no cell ran both, by the mean of
+    the variants timed so. Empty when nothing like the cell's runs is recorded."""
     epochs = cell_epochs(cell)
     family = sorted((c for c in CELLS if c.family == cell.family and c.name != cell.name),  # stable: CELLS order
                     key=lambda c: (c.size_args != cell.size_args, abs(math.log(cell_epochs(c) / epochs))))
     means = {c.name: _variant_means(records, c, longest) for c in family}
     times = {v: s for v, s in _variant_means(records, cell, longest).items() if v in cell.variants}
-    for other in (c for c in family if c.size_args == cell.size_args):
+    own = bool(times)
+    for other in (c for c in family if c.size_args == cell.size_args and not own):
         for v, s in means[other.name].items():
             if v in cell.variants:
                 times.setdefault(v, s * epochs / cell_epochs(other))
     found = dict(times)
+    typical = means if not longest else {c.name: _variant_means(records, c) for c in family}
     for v in (v for v in cell.variants if v not in times):
-        for other in family:
-            anchor = next((u for u in found if u in means[other.name]), None)
-            if v in means[other.name] and anchor is not None:
-                times[v] = found[anchor] * means[other.name][v] / means[other.name][anchor]
+        for anchor in found:
+            ratios = [m[v] / m[anchor] for m in typical.values() if v in m and anchor in m]
+            if ratios:
+                times[v] = found[anchor] * statistics.median(ratios)
                 break
     timed = list(times.values())
     for v in (v for v in cell.variants if v not in times and timed):
