@@ -1162,6 +1162,21 @@ def test_every_recorded_best_lr_is_inside_its_grid():
     assert not at_edge, "best lr at a grid edge: " + "; ".join(at_edge)
 
 
+def test_results_page_prose_quotes_a_study_holm_only_as_history():
+    """The study's Holm family grows as cells finish, so a Holm value over a family size written into the prose
+    goes stale: the prose quotes one only for a cell that has since been replaced ("while this was the final ...
+    cell"); a current cell's reading points to the table's p Holm."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
+    prose = " ".join(text.split("<!-- study-table: end -->", 1)[1].split())
+    quotes = list(re.finditer(r"over (?:the study's )?(\d+) comparisons", prose))
+    assert quotes, "no historical Holm quotes left: this test's pattern no longer finds what it checks"
+    for m in quotes:
+        clause = prose[max(0, m.start() - 200):m.start()]
+        assert "while this was the final" in clause.rsplit("(", 1)[-1], prose[m.start() - 200:m.end()]
+
+
 def test_readme_summary_is_what_the_records_give():
     """The README's short table is regenerated here from the records, and its reading of it still holds."""
     from pathlib import Path
