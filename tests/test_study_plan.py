@@ -1241,6 +1241,11 @@ def test_readme_summary_is_what_the_records_give():
     assert said.format(*(clut240[v][k] for v in ("diff", "diff_v2_matched") for k in ("diff", "ci_low", "ci_high"))) \
         in words
     assert all(clut240[v]["ci_low"] < 0 < clut240[v]["ci_high"] for v in ("diff", "diff_v2_matched"))
+    check = _check_rows("cluttered-2x")  # its own check, at 480 epochs
+    assert all(r["seeds"] == [0, 1, 2] for r in check.values()) and check["diff"]["longer"] - check["diff"]["budget"] > 1
+    gap = [f"{check['diff'][k] - check['softmax'][k]:+.2f}" for k in ("budget", "longer")]
+    assert "found V1 still fitting there: its validation gap to softmax shrank from {} to {} points".format(*gap) \
+        in words, gap
     # speech at 160 epochs, now an earlier budget: V1's interval excludes zero, its Holm does not, as the README says
     speech = next(r for r in result["cells"]["speech-160ep"]["rows"] if r["variant"] == "diff")
     assert "speech-160ep" in result["earlier"]
