@@ -425,21 +425,22 @@ def _variant_seconds(records: Path, cell: Cell, longest: bool = False) -> dict[s
     epochs = cell_epochs(cell)
     family = sorted((c for c in CELLS if c.family == cell.family and c.name != cell.name),  # stable: CELLS order
                     key=lambda c: (c.size_args != cell.size_args, abs(math.log(cell_epochs(c) / epochs))))
-    means = {c.name: _variant_means(records, c, longest) for c in family}
     times = {v: s for v, s in _variant_means(records, cell, longest).items() if v in cell.variants}
-    own = bool(times)
-    for other in (c for c in family if c.size_args == cell.size_args and not own):
-        for v, s in means[other.name].items():
-            if v in cell.variants:
-                times.setdefault(v, s * epochs / cell_epochs(other))
-    found = dict(times)
-    typical = means if not longest else {c.name: _variant_means(records, c) for c in family}
-    for v in (v for v in cell.variants if v not in times):
-        for anchor in found:
-            ratios = [m[v] / m[anchor] for m in typical.values() if v in m and anchor in m]
-            if ratios:
-                times[v] = found[anchor] * statistics.median(ratios)
-                break
+    if not times:  # no runs of its own yet: a same-size cell's, scaled by the epochs
+        for other in (c for c in family if c.size_args == cell.size_args):
+            for v, s in _variant_means(records, other, longest).items():
+                if v in cell.variants:
+                    times.setdefault(v, s * epochs / cell_epochs(other))
+    missing = [v for v in cell.variants if v not in times]
+    if missing and times:
+        typical = [_variant_means(records, c) for c in family]  # mean run times: the variants' ratios
+        found = dict(times)
+        for v in missing:
+            for anchor in found:
+                ratios = [m[v] / m[anchor] for m in typical if v in m and anchor in m]
+                if ratios:
+                    times[v] = found[anchor] * statistics.median(ratios)
+                    break
     timed = list(times.values())
     for v in (v for v in cell.variants if v not in times and timed):
         times[v] = statistics.mean(timed)
