@@ -653,6 +653,11 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     several = [f"{label[v]} {words([f'{c:+.2f}' for c in change[v]])}" for v in plan.MAIN if len(seeds[v]) > 1]
     if several:
         assert f"(per seed: {words(several)};" in page, several
+    # softmax's three seeds all moved by less than the rule's tolerance: "had finished fitting at 320 epochs"
+    soft = rows["softmax"]
+    assert soft["seeds"] == [0, 1, 2] and all(abs(c) < 1 for c in change["softmax"])
+    assert (soft["flat_longer_n"], soft["flat_n"]) == (2, 3)  # "two of its three 640-epoch runs ..., all three ..."
+    assert "two of its three 640-epoch runs met the rule as well, all three of its 320-epoch ones" in page
     seed0 = upto[0]
     assert change["diff"][0] > 1 > 0 > change["softmax"][0]
     assert seed0["diff"]["flat"] and seed0["diff"]["flat_longer"]  # "although its 320-epoch run met the rule"
