@@ -665,6 +665,15 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"narrowed from {gap['budget']:+.2f} to {gap['longer']:+.2f} points" in page, gap
     assert "at 640, seed 0: softmax {:.2f}, V1 {:.2f}, V2 {:.2f} %".format(
         *(seed0[v]["longer"] for v in plan.MAIN)) in page
+    # the 10 k LM retrained at 32,000 steps, part-way: softmax's final seeds, as the page quotes them (when V1's
+    # and V2's land, the cell gets its row and the size-trend readings change with this test)
+    xxs = _records("lm-xxs-32k")
+    finals = {v: [r["summary"]["metrics"]["test/loss"] for r in xxs["runs"].values()
+                  if r["seed"] >= plan.FINAL_SEED and r["variant"] == v] for v in plan.MAIN}
+    assert [len(finals[v]) for v in plan.MAIN] == [5, 0, 0], {v: len(f) for v, f in finals.items()}
+    assert xxs["best"]["softmax"]["lr"] == 0.064
+    assert (f"softmax's grid and its five final seeds are in, test loss {statistics.mean(finals['softmax']):.3f} ± "
+            f"{statistics.stdev(finals['softmax']):.3f} nats at lr 6.4e-2") in page
     # the -10 dB cell's check, part-way: the runs it has, and softmax's change, far beyond the rule's 1-point
     # tolerance and unlike clean speech's (when V1's runs land, the page's reading and this test change together)
     noisy = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [plan.cell_named("speech-noisy-2x")])}
