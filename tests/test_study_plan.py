@@ -662,7 +662,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"has {sum(map(len, seeds.values()))} of its 9 runs in: {runs_in}." in page, runs_in
     root = Path(__file__).resolve().parents[1]
     upto = [{r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [dataclasses.replace(cell, check_seeds=n)])}
-            for n in (1, 2)]  # the means over seed 0, and over seeds 0 and 1
+            for n in (1,)]  # the means over seed 0
     change = {v: [lo - b for b, lo in values] for v, values in _check_per_seed("speech-2x").items()}
     several = [f"{label[v]} {words([f'{c:+.2f}' for c in change[v]])}" for v in plan.MAIN if len(seeds[v]) > 1]
     if several:
@@ -677,14 +677,17 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert seed0["diff"]["flat"] and seed0["diff"]["flat_longer"]  # "although its 320-epoch run met the rule"
     gap = {k: seed0["diff"][k] - seed0["softmax"][k] for k in ("budget", "longer")}
     assert f"(seed 0 alone: narrowed from {gap['budget']:+.2f} to {gap['longer']:+.2f} points)" in page, gap
-    # V1's two seeds so far: each beyond the tolerance, each flat at 320; the paired gap over seeds 0 and 1; what
-    # its seed 2 would have to lose for the three seeds' mean to fall back within the tolerance
-    assert seeds["diff"] == [0, 1] and all(c > 1 for c in change["diff"]) and rows["diff"]["flat_n"] == 2
-    both = {k: upto[1]["diff"][k] - upto[1]["softmax"][k] for k in ("budget", "longer")}
-    assert upto[1]["softmax"]["seeds"] == [0, 1]
-    assert f"on seeds 0 and 1 V1's gap to softmax in validation top-1 narrowed from {both['budget']:+.2f} to " \
-           f"{both['longer']:+.2f} points" in page, both
-    assert f"unless its seed 2 loses more than {sum(change['diff']) - 3:.2f} points at 640" in page
+    # V1's three seeds: their mean change beyond the tolerance (the rule's reading: 320 epochs is short for V1),
+    # two of the three seeds beyond it on their own, every 320-epoch run flat; the paired gap over the three seeds
+    assert seeds["diff"] == [0, 1, 2] and rows["diff"]["flat_n"] == 3
+    mean = statistics.mean(change["diff"])
+    assert mean > 1 and [c > 1 for c in change["diff"]] == [True, True, False]
+    assert (f"V1's, {mean:+.2f} points, is beyond the tolerance (two of its seeds gained more than a point, the third "
+            f"{change['diff'][2]:+.2f})") in page
+    all3 = {k: rows["diff"][k] - rows["softmax"][k] for k in ("budget", "longer")}
+    assert f"on seeds 0, 1 and 2 V1's gap to softmax in validation top-1 narrowed from {all3['budget']:+.2f} to " \
+           f"{all3['longer']:+.2f} points" in page, all3
+    assert "So 320 epochs is short for V1 on speech" in page
     assert "at 640, seed 0: softmax {:.2f}, V1 {:.2f}, V2 {:.2f} %".format(
         *(seed0[v]["longer"] for v in plan.MAIN)) in page
     # the 10 k LM retrained at 32,000 steps, part-way: softmax's final seeds, as the page quotes them (when V1's
@@ -1335,11 +1338,14 @@ def test_readme_summary_is_what_the_records_give():
     v2 = next(r for r in result["cells"]["speech"]["rows"] if r["variant"] == "diff_v2_matched")["vs"]
     assert "V2 is {:+.2f} [{:+.2f}, {:+.2f}] (p {:.3f}), no difference found.".format(
         v2["diff"], v2["ci_low"], v2["ci_high"], v2["p_perm"]) in words and v2["ci_low"] < 0 < v2["ci_high"]
-    sp2 = _check_rows("speech-2x")  # its 640-epoch check, part-way
-    assert sp2["diff"]["seeds"] == [0, 1] and sp2["softmax"]["seeds"] == [0, 1, 2]
-    assert ("At twice the epochs V1 gained {:+.2f} points of validation top-1 on each of its two seeds so far "
-            "(softmax {:+.2f} over three), beyond the study's 1-point tolerance").format(
-        *(sp2[v]["longer"] - sp2[v]["budget"] for v in ("diff", "softmax"))) in words
+    sp2 = _check_rows("speech-2x")  # its 640-epoch check: V1 and softmax over their three seeds
+    assert sp2["diff"]["seeds"] == sp2["softmax"]["seeds"] == [0, 1, 2]
+    gain = {v: sp2[v]["longer"] - sp2[v]["budget"] for v in ("diff", "softmax")}
+    assert gain["diff"] > 1 > abs(gain["softmax"])  # "beyond the study's 1-point tolerance"
+    gap = [sp2["diff"][k] - sp2["softmax"][k] for k in ("budget", "longer")]
+    assert ("At twice the epochs V1 gained {:+.2f} points of validation top-1 over its three seeds (softmax {:+.2f}), "
+            "beyond the study's 1-point tolerance, and its validation gap to softmax narrowed from {:+.2f} to {:+.2f} "
+            "points").format(gain["diff"], gain["softmax"], *gap) in words and gap[0] < gap[1] < 0
     noisy = next(r for r in result["cells"]["speech-noisy"]["rows"] if r["variant"] == "diff")["vs"]
     [gap] = plan.noise_gaps(root / plan.RECORDS, plan.CELLS)
     assert ("V1 is {:+.2f} points of test top-1 from softmax [{:+.2f}, {:+.2f}], no difference found, and its gap there "
