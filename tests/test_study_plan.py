@@ -699,6 +699,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert xxs["best"]["softmax"]["lr"] == 0.064
     assert (f"softmax's grid and its five final seeds are in, test loss {statistics.mean(finals['softmax']):.3f} ± "
             f"{statistics.stdev(finals['softmax']):.3f} nats at lr 6.4e-2") in page
+    v1 = xxs["best"]["diff"]  # V1's grid, complete, its best inside it
+    assert v1["lr"] == 0.064 and sorted(v1["by_lr"], key=float) == ["0.032", "0.064", "0.128"]
+    assert all(g["n"] == 3 for g in v1["by_lr"].values())
+    took = [r["seconds"] / 60 for r in xxs["runs"].values() if r["variant"] == "diff" and r["seed"] < plan.FINAL_SEED]
+    assert len(took) == 9 and f"{min(took):.0f}-{max(took):.0f} minutes a run; V1's final seeds" in page, took
+    assert "V1's grid is complete, validation loss {} at 3.2e-2 / 6.4e-2 / 1.28e-1 over 3 seeds, best at 6.4e-2".format(
+        " / ".join(f"{v1['by_lr'][lr]['mean']:.3f}" for lr in ("0.032", "0.064", "0.128"))) in page
     # the -10 dB cell's check, part-way: the runs it has, and softmax's change, far beyond the rule's 1-point
     # tolerance and unlike clean speech's (when V1's runs land, the page's reading and this test change together)
     noisy = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [plan.cell_named("speech-noisy-2x")])}
