@@ -659,10 +659,10 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     seeds = {v: rows[v]["seeds"] for v in plan.MAIN}
     runs_in = words([f"{label[v]}'s seed{'s' if len(s) > 1 else ''} {words([str(x) for x in s])}"
                      for v, s in seeds.items()])
-    assert f"has {sum(map(len, seeds.values()))} of its 9 runs in: {runs_in}." in page, runs_in
+    assert sum(map(len, seeds.values())) == 9 and f"has all 9 of its runs in: {runs_in}." in page, runs_in
     root = Path(__file__).resolve().parents[1]
     upto = [{r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [dataclasses.replace(cell, check_seeds=n)])}
-            for n in (1, 2)]  # the means over seed 0, and over seeds 0 and 1
+            for n in (1,)]  # the means over seed 0
     change = {v: [lo - b for b, lo in values] for v, values in _check_per_seed("speech-2x").items()}
     several = [f"{label[v]} {words([f'{c:+.2f}' for c in change[v]])}" for v in plan.MAIN if len(seeds[v]) > 1]
     if several:
@@ -688,15 +688,16 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"on seeds 0, 1 and 2 V1's gap to softmax in validation top-1 narrowed from {all3['budget']:+.2f} to " \
            f"{all3['longer']:+.2f} points" in page, all3
     assert "So 320 epochs is short for V1 on speech" in page
-    # V2's two seeds so far: each within the tolerance; its paired gap over seeds 0 and 1; what its seed 2 would
-    # have to gain for the three seeds' mean to leave the tolerance
+    # V2's three seeds: their mean change within the tolerance (the rule's reading: 320 epochs is enough for V2),
+    # how many moved by more than a point on their own, and its paired gap over the three seeds
     v2 = change["diff_v2_matched"]
-    assert seeds["diff_v2_matched"] == [0, 1] and all(abs(c) < 1 for c in v2)
-    assert upto[1]["softmax"]["seeds"] == [0, 1]
-    two = {k: upto[1]["diff_v2_matched"][k] - upto[1]["softmax"][k] for k in ("budget", "longer")}
-    assert f"over seeds 0 and 1 its gap to softmax went from {two['budget']:+.2f} to {two['longer']:+.2f} points" \
-        in page, two
-    assert f"enough for V2 unless its seed 2 gains more than {3 - sum(v2):.2f} points at 640" in page
+    assert seeds["diff_v2_matched"] == [0, 1, 2] and abs(statistics.mean(v2)) <= 1
+    gap3 = {k: rows["diff_v2_matched"][k] - rows["softmax"][k] for k in ("budget", "longer")}
+    assert all(abs(c) < 1 for c in v2)  # "none of its seeds moved by more than a point"
+    assert (f"V2's mean change over its three seeds, {statistics.mean(v2):+.2f} points, is within the tolerance "
+            f"(none of its seeds moved by more than a point), and over seeds 0, 1 and 2 its gap "
+            f"to softmax went from {gap3['budget']:+.2f} to {gap3['longer']:+.2f} points: by the rule 320 epochs is "
+            "enough for V2") in page, gap3
     assert "at 640, seed 0: softmax {:.2f}, V1 {:.2f}, V2 {:.2f} %".format(
         *(seed0[v]["longer"] for v in plan.MAIN)) in page
     # the 10 k LM retrained at 32,000 steps, part-way: softmax's final seeds, as the page quotes them (when V1's
