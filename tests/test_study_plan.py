@@ -1428,6 +1428,18 @@ def test_readme_summary_is_what_the_records_give():
     vit_ablations = [r for r in vit_cell["rows"] if r.get("kind") == "ablation vs softmax"] + vit_cell["ablations"]
     assert "On ViT digits the same three ablations differed from neither softmax nor V1." in words
     assert len(vit_ablations) == 6 and all(a["p_holm_study"] >= 0.05 for a in vit_ablations)
+    # the LM's gap at its smallest size (Welch 95 % intervals of final test loss), at 16,000 and 32,000 steps
+    def lm_gap(cell: str, variant: str, unit: str = "") -> str:
+        finals = {v: [r["summary"]["metrics"]["test/loss"] for r in _records(cell)["runs"].values()
+                      if r["seed"] >= plan.FINAL_SEED and r["variant"] == v] for v in ("softmax", variant)}
+        assert len(finals["softmax"]) == len(finals[variant]) == 5, (cell, variant)
+        w = welch(finals[variant], finals["softmax"])
+        return "{:+.3f}{} [{:+.3f}, {:+.3f}]".format(w["diff"], unit, w["ci_low"], w["ci_high"])
+    assert (f"V1 {lm_gap('lm-xxs', 'diff', ' nats')}, V2 {lm_gap('lm-xxs', 'diff_v2_matched')} at 10 k and 16,000 "
+            "steps, 5 seeds each") in words
+    assert f"retrained at 32,000 steps V1's gap is {lm_gap('lm-xxs-32k', 'diff')}, V2's is still training" in words
+    assert not [r for r in _records("lm-xxs-32k")["runs"].values()  # "still training": none of V2's finals is in
+                if r["variant"] == "diff_v2_matched" and r["seed"] >= plan.FINAL_SEED]
 
 
 def test_report_page_replaces_only_the_marked_block(tmp_path):
