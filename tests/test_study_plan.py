@@ -537,6 +537,13 @@ def _records(name: str) -> dict:
     return plan.load(root / plan.RECORDS, plan.cell_named(name))
 
 
+def _final_losses(name: str, variants: tuple[str, ...] = plan.MAIN) -> dict[str, list[float]]:
+    """Test loss of each variant's final seeds in cell ``name``'s records in the repository."""
+    runs = _records(name)["runs"].values()
+    return {v: [r["summary"]["metrics"]["test/loss"] for r in runs if r["seed"] >= plan.FINAL_SEED and r["variant"] == v]
+            for v in variants}
+
+
 def _check_rows(name: str) -> dict[str, dict]:
     """The study's budget check ``name`` as the report gives it (its rows by variant), from the records in the
     repository."""
@@ -702,8 +709,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # the 10 k LM retrained at 32,000 steps, part-way: softmax's final seeds, as the page quotes them (when V1's
     # and V2's land, the cell gets its row and the size-trend readings change with this test)
     xxs = _records("lm-xxs-32k")
-    finals = {v: [r["summary"]["metrics"]["test/loss"] for r in xxs["runs"].values()
-                  if r["seed"] >= plan.FINAL_SEED and r["variant"] == v] for v in plan.MAIN}
+    finals = _final_losses("lm-xxs-32k")
     assert [len(finals[v]) for v in plan.MAIN] == [5, 5, 0], {v: len(f) for v, f in finals.items()}
     assert xxs["best"]["softmax"]["lr"] == 0.064
     assert (f"softmax's grid and its five final seeds are in, test loss {statistics.mean(finals['softmax']):.3f} ± "
@@ -716,8 +722,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert "V1's grid is complete, validation loss {} at 3.2e-2 / 6.4e-2 / 1.28e-1 over 3 seeds, best at 6.4e-2".format(
         " / ".join(f"{v1['by_lr'][lr]['mean']:.3f}" for lr in ("0.032", "0.064", "0.128"))) in page
     # V1's finals at 32,000 steps against its finals at 16,000 steps, and both gaps to softmax's finals
-    finals16 = {v: [r["summary"]["metrics"]["test/loss"] for r in _records("lm-xxs")["runs"].values()
-                    if r["seed"] >= plan.FINAL_SEED and r["variant"] == v] for v in ("softmax", "diff")}
+    finals16 = _final_losses("lm-xxs", ("softmax", "diff"))
     w, w16 = welch(finals["diff"], finals["softmax"]), welch(finals16["diff"], finals16["softmax"])
     took = [r["seconds"] / 60 for r in xxs["runs"].values() if r["variant"] == "diff" and r["seed"] >= plan.FINAL_SEED]
     assert (f"V1's five final seeds are in, test loss {statistics.mean(finals['diff']):.3f} ± "
@@ -1443,8 +1448,7 @@ def test_readme_summary_is_what_the_records_give():
     assert len(vit_ablations) == 6 and all(a["p_holm_study"] >= 0.05 for a in vit_ablations)
     # the LM's gap at its smallest size (Welch 95 % intervals of final test loss), at 16,000 and 32,000 steps
     def lm_gap(cell: str, variant: str, unit: str = "") -> str:
-        finals = {v: [r["summary"]["metrics"]["test/loss"] for r in _records(cell)["runs"].values()
-                      if r["seed"] >= plan.FINAL_SEED and r["variant"] == v] for v in ("softmax", variant)}
+        finals = _final_losses(cell, ("softmax", variant))
         assert len(finals["softmax"]) == len(finals[variant]) == 5, (cell, variant)
         w = welch(finals[variant], finals["softmax"])
         return "{:+.3f}{} [{:+.3f}, {:+.3f}]".format(w["diff"], unit, w["ci_low"], w["ci_high"])
