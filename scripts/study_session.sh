@@ -3,9 +3,9 @@
 #
 #   bash scripts/study_session.sh UNTIL "CELL ..." ["CELL ..." ...]
 #
-# Starts one `python -m recipes.study run --main-only --jobs 1 --finish-by UNTIL --cells CELL ...` per quoted
-# list of cells, each on one thread (OMP_NUM_THREADS=1): on a 2-core machine give two lists, one per core. Two
-# lists must not share a cell (the study refuses a cell whose records another process holds). Each process
+# Starts one `python -m recipes.study run --main-only --jobs JOBS --finish-by UNTIL --cells CELL ...` per quoted
+# list of cells, each training on one thread (OMP_NUM_THREADS=1): on a 2-core machine give two lists, one per
+# core. Two lists must not share a cell (the study refuses a cell whose records another process holds). Each process
 # starts no run that would end after UNTIL and pauses the resumable ones there (docs/study.md, Resuming).
 #
 # Environment:
@@ -16,6 +16,8 @@
 #                 each commit passes the page tests even if the session is cut off before its end. A commit
 #                 holds only the study's records folder and those report files, never other work in the tree.
 #   LOGS          folder for the logs and pids (default outputs/study/session-<start time>)
+#   JOBS          trainings at once in each list's process (default 1: one list per core). With one list on a
+#                 2-core machine, JOBS=2 puts both cores on its cells, e.g. when one cell is all that is left.
 #
 # SIGTERM or Ctrl-C to this script is passed on to the study processes, which pause their runs at a
 # checkpoint and exit; the records they hold are committed as above.
@@ -39,6 +41,11 @@ if ! [[ $PERIOD =~ ^[0-9]+$ ]]; then
     exit 2
 fi
 [ "$PERIOD" = "$COMMIT_EVERY" ] && PERIOD=$((PERIOD * 60))
+JOBS=${JOBS:-1}
+if ! [[ $JOBS =~ ^[1-9][0-9]*$ ]]; then
+    echo "study_session: JOBS must be a whole number of trainings at once (1 or more), not '$JOBS'" >&2
+    exit 2
+fi
 RECORDS=docs/results/study/v0.3
 LOGS=${LOGS:-outputs/study/session-$(date +%Y%m%d-%H%M)}
 mkdir -p "$LOGS"
@@ -128,7 +135,7 @@ i=0
 for cells in "$@"; do
     i=$((i + 1))
     # shellcheck disable=SC2086  # the cell list is split on purpose
-    OMP_NUM_THREADS=1 "$PY" -m recipes.study run --main-only --jobs 1 --finish-by "$UNTIL" --cells $cells \
+    OMP_NUM_THREADS=1 "$PY" -m recipes.study run --main-only --jobs "$JOBS" --finish-by "$UNTIL" --cells $cells \
         > "$LOGS/core$i.log" 2>&1 < /dev/null &
     pids+=($!)
     echo "$!" > "$LOGS/core$i.pid"

@@ -186,3 +186,20 @@ def test_commit_every_must_be_minutes_or_seconds(scratch):
     assert done.returncode == 2 and "COMMIT_EVERY must be whole minutes or seconds with an s (30s), not '5m'" \
         in done.stderr
     assert not (repo / "outputs" / "logs" / "core1.log").exists()
+
+
+def test_jobs_puts_more_trainings_on_each_list(scratch):
+    repo, fake = scratch
+    done = run_script(repo, fake, "08:30", "alpha", commit_every="0", JOBS="2")
+    assert done.returncode == 0, done.stderr
+    assert (repo / "outputs" / "logs" / "core1.log").read_text().strip() == \
+        "ran run --main-only --jobs 2 --finish-by 08:30 --cells alpha threads 1"
+
+
+@pytest.mark.parametrize("jobs", ["0", "two", "-1"])
+def test_jobs_must_be_a_positive_whole_number(scratch, jobs):
+    repo, fake = scratch
+    done = run_script(repo, fake, "08:30", "alpha", JOBS=jobs)
+    assert done.returncode == 2 and f"JOBS must be a whole number of trainings at once (1 or more), not '{jobs}'" \
+        in done.stderr
+    assert not (repo / "outputs" / "logs" / "core1.log").exists()
