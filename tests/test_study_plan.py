@@ -710,7 +710,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # and V2's land, the cell gets its row and the size-trend readings change with this test)
     xxs = _records("lm-xxs-32k")
     finals = _final_losses("lm-xxs-32k")
-    assert [len(finals[v]) for v in plan.MAIN] == [5, 5, 0], {v: len(f) for v, f in finals.items()}
+    assert [len(finals[v]) for v in plan.MAIN[:2]] == [5, 5] and len(finals["diff_v2_matched"]) < 5, finals
     assert xxs["best"]["softmax"]["lr"] == 0.064
     assert (f"softmax's grid and its five final seeds are in, test loss {statistics.mean(finals['softmax']):.3f} ± "
             f"{statistics.stdev(finals['softmax']):.3f} nats at lr 6.4e-2") in page
@@ -729,7 +729,22 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             f"{statistics.stdev(finals['diff']):.3f} nats at lr 6.4e-2 against {statistics.mean(finals16['diff']):.3f} ± "
             f"{statistics.stdev(finals16['diff']):.3f} at 16,000 steps ({min(took):.0f}-{max(took):.0f} minutes a run): "
             f"{w['diff']:+.3f} nats from softmax's (Welch 95 % interval [{w['ci_low']:+.3f}, {w['ci_high']:+.3f}]) "
-            f"where at 16,000 steps it was {w16['diff']:+.3f}; V2's grid is being trained") in page
+            f"where at 16,000 steps it was {w16['diff']:+.3f}; V2's grid is complete") in page
+    v2 = xxs["best"]["diff_v2_matched"]  # V2's grid, grown once at its lower edge, its best inside it
+    lrs = sorted(v2["by_lr"], key=float)
+    assert v2["lr"] == 0.016 and lrs == ["0.008", "0.016", "0.032", "0.064"] and xxs["grid_lrs"]["diff_v2_matched"][0] == 0.008
+    assert all(g["n"] == 3 for g in v2["by_lr"].values())
+    v2_means = {lr: v2["by_lr"][lr]["mean"] for lr in lrs}
+    assert min(v2_means, key=v2_means.get) == "0.016" and f"{v2_means['0.032'] - v2_means['0.016']:.4f}" == "0.0001"
+    took = [r["seconds"] / 60 for r in xxs["runs"].values()
+            if r["variant"] == "diff_v2_matched" and r["seed"] < plan.FINAL_SEED]
+    assert len(took) == 12
+    assert " ".join(f"""V2's grid is complete, validation loss {" / ".join(f"{v2_means[lr]:.3f}" for lr in lrs)} at 8e-3 /
+        1.6e-2 / 3.2e-2 / 6.4e-2 over 3 seeds (it grew once at the lower edge, where 1.6e-2 was ahead of 3.2e-2 by
+        0.0001 nats), best at 1.6e-2 inside it, {min(took):.0f}-{max(took):.0f} minutes a run; V2's five final seeds
+        are being trained""".split()) in " ".join(page.split())
+    assert (f"at twice the steps V1's deficit over its final seeds fell from {w16['diff']:+.3f} to {w['diff']:+.3f} nats "
+            "(V2's final seeds at that budget are being trained)") in " ".join(page.split())
     assert w["ci_low"] < 0 < w["ci_high"]  # the size-trend reading: "its Welch 95 % interval covers 0"
     assert f"V1's five final seeds are in and its deficit is {w['diff']:+.3f} nats (from {w16['diff']:+.3f};" in page
     # the -10 dB cell's check: softmax's change, far beyond the rule's 1-point tolerance and unlike clean
@@ -1470,8 +1485,8 @@ def test_readme_summary_is_what_the_records_give():
     assert (f"V1 {lm_gap('lm-xxs', 'diff', ' nats')}, V2 {lm_gap('lm-xxs', 'diff_v2_matched')} at 10 k and 16,000 "
             "steps, 5 seeds each") in words
     assert f"retrained at 32,000 steps V1's gap is {lm_gap('lm-xxs-32k', 'diff')}, V2's is still training" in words
-    assert not [r for r in _records("lm-xxs-32k")["runs"].values()  # "still training": none of V2's finals is in
-                if r["variant"] == "diff_v2_matched" and r["seed"] >= plan.FINAL_SEED]
+    assert len([r for r in _records("lm-xxs-32k")["runs"].values()  # "still training": not all of V2's finals are in
+                if r["variant"] == "diff_v2_matched" and r["seed"] >= plan.FINAL_SEED]) < 5
 
 
 def test_report_page_replaces_only_the_marked_block(tmp_path):
