@@ -706,8 +706,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             "enough for V2") in page, gap3
     assert "at 640, seed 0: softmax {:.2f}, V1 {:.2f}, V2 {:.2f} %".format(
         *(seed0[v]["longer"] for v in plan.MAIN)) in page
-    # the 10 k LM retrained at 32,000 steps, part-way: softmax's final seeds, as the page quotes them (when V1's
-    # and V2's land, the cell gets its row and the size-trend readings change with this test)
+    # the 10 k LM retrained at 32,000 steps, part-way: softmax's and V1's final seeds and V2's grid, as the page
+    # quotes them (when V2's fifth final lands, the cell gets its row and the size-trend readings change with this test)
     xxs = _records("lm-xxs-32k")
     finals = _final_losses("lm-xxs-32k")
     assert [len(finals[v]) for v in plan.MAIN[:2]] == [5, 5] and len(finals["diff_v2_matched"]) < 5, finals
