@@ -749,12 +749,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"V1's five final seeds are in and its deficit is {w['diff']:+.3f} nats (from {w16['diff']:+.3f};" in page
     # the -10 dB cell's check: softmax's change, far beyond the rule's 1-point tolerance and unlike clean
     # speech's; V1's, about half of it; and V1's validation gap to softmax at both budgets over the same seeds
-    noisy = {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [plan.cell_named("speech-noisy-2x")])}
-    assert {v: r["seeds"] for v, r in noisy.items()} == {"softmax": [0, 1, 2], "diff": [0, 1, 2]}
+    noisy2x = _check_rows("speech-noisy-2x")
+    assert {v: r["seeds"] for v, r in noisy2x.items()} == {"softmax": [0, 1, 2], "diff": [0, 1, 2]}
     assert "All 6 of its runs are in: softmax's and V1's seeds 0-2." in " ".join(page.split())
     took = [r["seconds"] / 60 for r in _records("speech-noisy-2x")["runs"].values() if r["variant"] == "softmax"]
     assert f"{min(took):.0f}-{max(took):.0f} minutes a softmax run on one thread beside another training" in page
-    soft = noisy["softmax"]
+    soft = noisy2x["softmax"]
     b, lo = (list(x) for x in zip(*_check_per_seed("speech-noisy-2x")["softmax"]))
     assert (f"changed by {soft['longer'] - soft['budget']:+.2f} (softmax) points (per seed: softmax "
             f"{lo[0] - b[0]:+.2f}, {lo[1] - b[1]:+.2f} and {lo[2] - b[2]:+.2f}; from {b[0]:.2f}, {b[1]:.2f} and "
@@ -763,7 +763,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert soft["flat_n"] == 2 and f"{min(x - y for x, y in zip(lo, b)) - 0.05:.1f}" == "9.7"  # "... still gained at least 9.7"
     assert ("two of softmax's three 320-epoch runs met the rule, yet at 640 epochs every one of the three seeds gained "
             "at least 9.7 points") in " ".join((root / "docs" / "study.md").read_text().split())  # the same, as the method says it
-    v1 = noisy["diff"]
+    v1 = noisy2x["diff"]
     b1, lo1 = (list(x) for x in zip(*_check_per_seed("speech-noisy-2x")["diff"]))
     took = [r["seconds"] / 60 for r in _records("speech-noisy-2x")["runs"].values() if r["variant"] == "diff"]
     gain, soft_gain = v1["longer"] - v1["budget"], soft["longer"] - soft["budget"]
@@ -934,7 +934,6 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert f"{flat[0]} of softmax's 8 final runs and {flat[1]} of V1's met the plateau rule" in page
     assert f"gained up to {tail[0]:.1f} (softmax) and {tail[1]:.1f} (V1) points" in page
     assert sum(flat) == 8 and "half of the final runs were still improving" in page
-    noisy2x = _check_rows("speech-noisy-2x")
     assert all(r["seeds"] == [0, 1, 2] for r in noisy2x.values())  # "(three seeds each)"
     assert ("at twice the epochs softmax gained {:.0f} points of validation top-1 and V1 {:.0f} (three seeds "
             "each)").format(*(noisy2x[v]["longer"] - noisy2x[v]["budget"] for v in ("softmax", "diff"))) \
