@@ -659,6 +659,25 @@ def test_the_gradient_norm_curve_is_recorded_to_four_significant_digits():
     assert drawn_only(curve) == [[9, 3.694], [19, 10.92], [29, 0.0001235]]
 
 
+def test_a_long_gradient_norm_curve_is_thinned_to_at_most_its_cap_keeping_both_ends():
+    """A 32,000-step LM run logs 3,200 gradient norms; its record keeps at most ``DRAWN_POINTS`` of them, evenly
+    strided, with the first and the last step always there. A curve at or under the cap keeps every point."""
+    from diffzoo.study.sweep import DRAWN_POINTS, drawn_only
+
+    def curve(n):
+        return [[10 * i + 9, 1.0 + i] for i in range(n)]
+
+    assert drawn_only(curve(DRAWN_POINTS)) == curve(DRAWN_POINTS)  # the speech cells' 448 points: untouched
+    for n, most in ((3200, 1000), (6400, 1000), (1001, 1000), (2000, 1000), (1999, 1000), (10, 3), (7, 3), (9, 3)):
+        kept = drawn_only(curve(n), most)
+        steps = [s for s, _ in kept]
+        assert len(kept) <= most and kept[0] == curve(n)[0] and kept[-1] == curve(n)[-1], (n, most, len(kept))
+        assert steps == sorted(set(steps)) and len(kept) >= most // 2 - 1, (n, most, len(kept))
+        assert all(v == 1.0 + (s - 9) // 10 for s, v in kept)  # each point is the logged one at its step
+    assert [s for s, _ in drawn_only(curve(3200))][:3] == [9, 49, 89]  # every 4th of 3,200: 801 points
+    assert len(drawn_only(curve(3200))) == 801
+
+
 # -- --finish-by: a study that must end by a set time ---------------------------------------------
 def test_finish_by_reads_clock_times_dates_and_spans():
     import datetime as dt
