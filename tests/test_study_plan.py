@@ -706,47 +706,6 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             "enough for V2") in page, gap3
     assert "at 640, seed 0: softmax {:.2f}, V1 {:.2f}, V2 {:.2f} %".format(
         *(seed0[v]["longer"] for v in plan.MAIN)) in page
-    # the 10 k LM retrained at 32,000 steps, part-way: softmax's and V1's final seeds and V2's grid, as the page
-    # quotes them (when V2's fifth final lands, the cell gets its row and the size-trend readings change with this test)
-    xxs = _records("lm-xxs-32k")
-    finals = _final_losses("lm-xxs-32k")
-    assert [len(finals[v]) for v in plan.MAIN[:2]] == [5, 5] and len(finals["diff_v2_matched"]) < 5, finals
-    assert xxs["best"]["softmax"]["lr"] == 0.064
-    assert (f"softmax's grid and its five final seeds are in, test loss {statistics.mean(finals['softmax']):.3f} ± "
-            f"{statistics.stdev(finals['softmax']):.3f} nats at lr 6.4e-2") in page
-    v1 = xxs["best"]["diff"]  # V1's grid, complete, its best inside it
-    assert v1["lr"] == 0.064 and sorted(v1["by_lr"], key=float) == ["0.032", "0.064", "0.128"]
-    assert all(g["n"] == 3 for g in v1["by_lr"].values())
-    took = [r["seconds"] / 60 for r in xxs["runs"].values() if r["variant"] == "diff" and r["seed"] < plan.FINAL_SEED]
-    assert len(took) == 9 and f"{min(took):.0f}-{max(took):.0f} minutes a run; V1's five final seeds" in page, took
-    assert "V1's grid is complete, validation loss {} at 3.2e-2 / 6.4e-2 / 1.28e-1 over 3 seeds, best at 6.4e-2".format(
-        " / ".join(f"{v1['by_lr'][lr]['mean']:.3f}" for lr in ("0.032", "0.064", "0.128"))) in page
-    # V1's finals at 32,000 steps against its finals at 16,000 steps, and both gaps to softmax's finals
-    finals16 = _final_losses("lm-xxs", ("softmax", "diff"))
-    w, w16 = welch(finals["diff"], finals["softmax"]), welch(finals16["diff"], finals16["softmax"])
-    took = [r["seconds"] / 60 for r in xxs["runs"].values() if r["variant"] == "diff" and r["seed"] >= plan.FINAL_SEED]
-    assert (f"V1's five final seeds are in, test loss {statistics.mean(finals['diff']):.3f} ± "
-            f"{statistics.stdev(finals['diff']):.3f} nats at lr 6.4e-2 against {statistics.mean(finals16['diff']):.3f} ± "
-            f"{statistics.stdev(finals16['diff']):.3f} at 16,000 steps ({min(took):.0f}-{max(took):.0f} minutes a run): "
-            f"{w['diff']:+.3f} nats from softmax's (Welch 95 % interval [{w['ci_low']:+.3f}, {w['ci_high']:+.3f}]) "
-            f"where at 16,000 steps it was {w16['diff']:+.3f}; V2's grid is complete") in page
-    v2 = xxs["best"]["diff_v2_matched"]  # V2's grid, grown once at its lower edge, its best inside it
-    lrs = sorted(v2["by_lr"], key=float)
-    assert v2["lr"] == 0.016 and lrs == ["0.008", "0.016", "0.032", "0.064"] and xxs["grid_lrs"]["diff_v2_matched"][0] == 0.008
-    assert all(g["n"] == 3 for g in v2["by_lr"].values())
-    v2_means = {lr: v2["by_lr"][lr]["mean"] for lr in lrs}
-    assert min(v2_means, key=v2_means.get) == "0.016" and f"{v2_means['0.032'] - v2_means['0.016']:.4f}" == "0.0001"
-    took = [r["seconds"] / 60 for r in xxs["runs"].values()
-            if r["variant"] == "diff_v2_matched" and r["seed"] < plan.FINAL_SEED]
-    assert len(took) == 12
-    assert " ".join(f"""V2's grid is complete, validation loss {" / ".join(f"{v2_means[lr]:.3f}" for lr in lrs)} at 8e-3 /
-        1.6e-2 / 3.2e-2 / 6.4e-2 over 3 seeds (it grew once at the lower edge, where 1.6e-2 was ahead of 3.2e-2 by
-        0.0001 nats), best at 1.6e-2 inside it, {min(took):.0f}-{max(took):.0f} minutes a run; V2's five final seeds
-        are being trained""".split()) in " ".join(page.split())
-    assert (f"at twice the steps V1's deficit over its final seeds fell from {w16['diff']:+.3f} to {w['diff']:+.3f} nats "
-            "(V2's final seeds at that budget are being trained)") in " ".join(page.split())
-    assert w["ci_low"] < 0 < w["ci_high"]  # the size-trend reading: "its Welch 95 % interval covers 0"
-    assert f"V1's five final seeds are in and its deficit is {w['diff']:+.3f} nats (from {w16['diff']:+.3f};" in page
     # the -10 dB cell's check: softmax's change, far beyond the rule's 1-point tolerance and unlike clean
     # speech's; V1's, about half of it; and V1's validation gap to softmax at both budgets over the same seeds
     noisy2x = _check_rows("speech-noisy-2x")
@@ -1071,6 +1030,53 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         deficit["budget"]["diff"], deficit["longer"]["diff"], *sorted(deficit[k]["diff_v2_matched"]
                                                                      for k in ("budget", "longer"))) in page
     assert plan.cell_named("lm-xxs").superseded_by == "lm-xxs-32k"
+    # ... and the same size at 32,000 steps (`lm-xxs-32k`), complete: each variant's grid means (its best inside,
+    # V2's grown once at the lower edge by a margin of 0.0001 nats), the finals' means, intervals and permutation p,
+    # the change from 16,000 steps per variant, the plateau counts and tail gains, and what its own runs took
+    prose = " ".join(page.split())
+    xxs32 = _records("lm-xxs-32k")
+    lm_xxs32 = size_cell("lm-xxs-32k", 3, " nats")
+    best = xxs32["best"]
+    assert {v: best[v]["lr"] for v in plan.MAIN} == {"softmax": 0.064, "diff": 0.064, "diff_v2_matched": 0.016}
+    lrs = {v: sorted(best[v]["by_lr"], key=float) for v in plan.MAIN}
+    assert lrs["softmax"] == lrs["diff"] == ["0.032", "0.064", "0.128"]
+    assert lrs["diff_v2_matched"] == ["0.008", "0.016", "0.032", "0.064"] and xxs32["grid_lrs"]["diff_v2_matched"][0] == 0.008
+    assert all(g["n"] == 3 for v in plan.MAIN for g in best[v]["by_lr"].values())
+    assert all(lrs[v][0] != str(best[v]["lr"]) != lrs[v][-1] for v in plan.MAIN)  # "all inside their grids"
+    grid32 = {v: " / ".join(f"{best[v]['by_lr'][lr]['mean']:.3f}" for lr in lrs[v]) for v in plan.MAIN}
+    assert " ".join(f"""softmax {grid32['softmax']} at 3.2e-2 / 6.4e-2 / 1.28e-1, V1 {grid32['diff']} at the same lrs,
+        V2 {grid32['diff_v2_matched']} at 8e-3 / 1.6e-2 / 3.2e-2 / 6.4e-2""".split()) in prose
+    v2_means = {lr: g["mean"] for lr, g in best["diff_v2_matched"]["by_lr"].items()}
+    assert f"{v2_means['0.032'] - v2_means['0.016']:.4f}" == "0.0001"  # "ahead of 3.2e-2 by 0.0001 nats"
+    v1_v2 = next(r["vs"] for r in tables.comparison_rows(FAMILIES["lm"], lm_xxs32, "diff", "test/loss")
+                 if r["variant"] == "diff_v2_matched")
+    assert "V2 - V1 {:+.3f} [{:+.3f}, {:+.3f}], p {:.3f}".format(
+        v1_v2["diff"], v1_v2["ci_low"], v1_v2["ci_high"], v1_v2["p_perm"]) in prose
+    finals32, finals16 = _final_losses("lm-xxs-32k"), _final_losses("lm-xxs")
+    moved = [statistics.mean(finals32[v]) - statistics.mean(finals16[v]) for v in plan.MAIN]
+    assert "test loss moved by {:+.3f} (softmax), {:+.3f} (V1) and {:+.3f} (V2) nats".format(*moved) in prose
+    gap = {(n, v): welch(f[v], f["softmax"]) for n, f in (("16k", finals16), ("32k", finals32))
+           for v in ("diff", "diff_v2_matched")}
+    assert all(gap["16k", v]["ci_low"] > 0 for v in ("diff", "diff_v2_matched"))  # "both intervals above zero"
+    assert all(gap["32k", v]["ci_low"] < 0 < gap["32k", v]["ci_high"] for v in ("diff", "diff_v2_matched"))
+    assert ("at twice the steps the differential variants' deficit at 10 k shrank from {:+.3f} (V1) and {:+.3f} (V2) "
+            "to {:+.3f} and {:+.3f}, and neither interval excludes zero now").format(
+        gap["16k", "diff"]["diff"], gap["16k", "diff_v2_matched"]["diff"], gap["32k", "diff"]["diff"],
+        gap["32k", "diff_v2_matched"]["diff"]) in prose
+    flat = {v: sum(r["plateau"]["flat"] for r in lm_xxs32 if r["variant"] == v) for v in plan.MAIN}
+    assert flat == {"softmax": 0, "diff": 0, "diff_v2_matched": 1}  # "Only 1 of the 15 final runs (one of V2's)"
+    tail32 = per_variant(lm_xxs32, lambda r: r["plateau"]["gain"])
+    assert "validation loss still fell by {:.3f} (softmax), {:.3f} (V1) and {:.3f} (V2) nats on average".format(
+        *(tail32[v] for v in plan.MAIN)) in prose
+    assert all(abs(tail32[v] - xxs_tail[v]) < 0.006 for v in ("softmax", "diff"))  # "about as much as at 16,000 steps"
+    own = [r for r in xxs32["runs"].values() if not r.get("adopted_from")]
+    assert len(xxs32["runs"]) == 45 and {r["adopted_from"] for r in xxs32["runs"].values() if r not in own} == {"lm-xxs-2x"}
+    assert len(own) == 36
+    took = {v: [r["seconds"] / 60 for r in lm_xxs32 if r["variant"] == v] for v in plan.MAIN}
+    assert (f"other 36 took {sum(r['seconds'] for r in own) / 3600:.1f} CPU-thread hours, "
+            f"{min(r['seconds'] for r in own) / 60:.0f}-{max(r['seconds'] for r in own) / 60:.0f} minutes each (final "
+            "runs: softmax {:.0f}-{:.0f}, V1 {:.0f}-{:.0f}, V2 {:.0f}-{:.0f})".format(
+                *(f(took[v]) for v in plan.MAIN for f in (min, max)))) in prose
     # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
     # lr (seeds 0 / 1 / 2) and the lrs' means, as the study's lr selection computes them from the records
     needle = _records("needle")
@@ -1196,17 +1202,32 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert sorted(noisy_v1["by_lr"]) == quoted_lrs and [noisy_v1["by_lr"][lr]["n"] for lr in quoted_lrs] == [3] * 5
     assert noisy_v1["lr"] == 4e-3 == 2 * speech_grid["diff"]["lr"]
     assert f"V1's grid is complete too: {means(noisy_v1['by_lr'], quoted_lrs)} % at the same lrs, best at 4e-3" in words
+    # the LM's size trend with the 10 k point at 32,000 steps: each variant's loss per size, every gap to softmax
+    # (only V1's at 111 k with a Welch interval above zero), their range, and the parameters each variant needs
+    # for softmax's loss at the two smaller sizes
+    lm_sizes = ("lm-xxs-32k", "lm-xs-16k", "lm")
     lm_trend = plan.size_trend(root / plan.RECORDS, plan.CELLS)["lm"]
-    assert {p["cell"] for p in lm_trend} == {"lm-xxs", "lm-xs-16k", "lm"}
+    assert {p["cell"] for p in lm_trend} == set(lm_sizes)
     by_size = {(p["cell"], p["variant"]): p for p in lm_trend}
     for v, label in (("softmax", "Softmax"), ("diff", "V1"), ("diff_v2_matched", "V2")):
-        losses = " / ".join(f"{by_size[c, v]['mean']:.3f}" for c in ("lm-xxs", "lm-xs-16k", "lm"))
+        losses = " / ".join(f"{by_size[c, v]['mean']:.3f}" for c in lm_sizes)
         assert f"{label} {losses}" in page, (v, losses)
-    needs = {v: plan.parameters_for(lm_trend, v, by_size["lm-xxs", "softmax"]["mean"], False)
-             for v in ("diff", "diff_v2_matched")}
-    assert all(needs.values()) and all(n > by_size["lm-xxs", "softmax"]["parameters"] for n in needs.values())
-    assert "V1 needs about {:.1f} k parameters and V2 about {:.1f} k".format(
-        needs["diff"] / 1e3, needs["diff_v2_matched"] / 1e3) in page
+    gaps = {v: [by_size[c, v]["mean"] - by_size[c, "softmax"]["mean"] for c in lm_sizes] for v in ("diff", "diff_v2_matched")}
+    assert "V1 by {:+.3f}, {:+.3f} and {:+.3f} nats, V2 by {:+.3f}, {:+.3f} and {:+.3f} at 10 k / 32 k / 111 k".format(
+        *gaps["diff"], *gaps["diff_v2_matched"]) in words
+    every = [g for v in gaps for g in gaps[v]]
+    assert min(every) > 0 and f"trail softmax by {min(every):.3f}-{max(every):.3f} nats" in words
+    above = {(c, v) for c in lm_sizes for v in ("diff", "diff_v2_matched")
+             if welch(*(_final_losses(c, (v, "softmax")).values()))["ci_low"] > 0}
+    assert above == {("lm", "diff")}  # "only V1's at 111 k ... has an interval above zero"
+    for c, fmt in (("lm-xxs-32k", "V1 needs about {:.1f} k parameters and V2 about {:.1f} k for the loss softmax "
+                                  "reaches with 10 k ({:.2f}x and {:.2f}x)"), ("lm-xs-16k", "and at 32 k {:.2f}x and {:.2f}x")):
+        n = by_size[c, "softmax"]["parameters"]
+        needs = [plan.parameters_for(lm_trend, v, by_size[c, "softmax"]["mean"], False) for v in ("diff", "diff_v2_matched")]
+        assert all(needs) and all(x > n for x in needs), (c, needs)
+        said = fmt.format(*(x / 1e3 for x in needs), *(x / n for x in needs)) if "k parameters" in fmt else \
+            fmt.format(*(x / n for x in needs))
+        assert said in words, said
     # the largest ViT (1.8 M): every final run flat, V2 against V1, and the size trend's reading of the ViT (each
     # variant's top-1 per size and its gain from the middle size to the largest)
     vit_l = size_cell("vit-l", 2, " %")
@@ -1481,11 +1502,9 @@ def test_readme_summary_is_what_the_records_give():
         assert len(finals["softmax"]) == len(finals[variant]) == 5, (cell, variant)
         w = welch(finals[variant], finals["softmax"])
         return "{:+.3f}{} [{:+.3f}, {:+.3f}]".format(w["diff"], unit, w["ci_low"], w["ci_high"])
-    assert (f"V1 {lm_gap('lm-xxs', 'diff', ' nats')}, V2 {lm_gap('lm-xxs', 'diff_v2_matched')} at 10 k and 16,000 "
-            "steps, 5 seeds each") in words
-    assert f"retrained at 32,000 steps V1's gap is {lm_gap('lm-xxs-32k', 'diff')}, V2's is still training" in words
-    assert len([r for r in _records("lm-xxs-32k")["runs"].values()  # "still training": not all of V2's finals are in
-                if r["variant"] == "diff_v2_matched" and r["seed"] >= plan.FINAL_SEED]) < 5
+    assert (f"largest at 16,000 steps (V1 {lm_gap('lm-xxs', 'diff', ' nats')}, V2 {lm_gap('lm-xxs', 'diff_v2_matched')}, "
+            f"5 seeds each, outside the Holm family) and at 32,000 steps is V1 {lm_gap('lm-xxs-32k', 'diff')}, V2 "
+            f"{lm_gap('lm-xxs-32k', 'diff_v2_matched')}; the paper reports") in words
 
 
 def test_report_page_replaces_only_the_marked_block(tmp_path):
