@@ -667,7 +667,8 @@ def test_a_long_gradient_norm_curve_is_thinned_to_at_most_its_cap_keeping_both_e
     def curve(n):
         return [[10 * i + 9, 1.0 + i] for i in range(n)]
 
-    assert drawn_only(curve(DRAWN_POINTS)) == curve(DRAWN_POINTS)  # the speech cells' 448 points: untouched
+    assert drawn_only(curve(DRAWN_POINTS)) == curve(DRAWN_POINTS)  # at the cap every point stays (speech logs <= 448)
+    assert drawn_only([]) == []
     for n, most in ((3200, 1000), (6400, 1000), (1001, 1000), (2000, 1000), (1999, 1000), (10, 3), (7, 3), (9, 3)):
         kept = drawn_only(curve(n), most)
         steps = [s for s, _ in kept]

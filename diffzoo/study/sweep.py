@@ -268,10 +268,10 @@ def drawn_only(curve: list, most: int = DRAWN_POINTS) -> list:
     floats made a 16,000-step LM cell's records 2.2 MB; four digits halved that, and at 32,000 steps (3,200
     points a run) the thinning keeps a cell's records under 2 MB. Curves of ``most`` points or fewer keep every
     point, so figures read from them (median gradient norms) do not change."""
-    stride = -(-len(curve) // most) if most > 0 else 1
+    stride = max(1, -(-len(curve) // most))
     kept = curve[::stride]
-    if curve and stride > 1 and (len(curve) - 1) % stride:
-        kept = [*kept[:-1], curve[-1]] if len(kept) > most - 1 else [*kept, curve[-1]]
+    if (len(curve) - 1) % stride:  # the last point falls between two strides: it follows, or replaces, the last kept
+        kept = [*kept[:most - 1], curve[-1]]
     return [[step, float(f"{value:.4g}")] for step, value in kept]
 
 
