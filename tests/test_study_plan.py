@@ -1077,6 +1077,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             f"{min(r['seconds'] for r in own) / 60:.0f}-{max(r['seconds'] for r in own) / 60:.0f} minutes each (final "
             "runs: softmax {:.0f}-{:.0f}, V1 {:.0f}-{:.0f}, V2 {:.0f}-{:.0f})".format(
                 *(f(took[v]) for v in plan.MAIN for f in (min, max)))) in prose
+    # its own check at 64,000 steps, "being trained" while its records lack any of its 9 runs: when the last lands,
+    # this fails on purpose, and the two paragraphs that say so take the check's reading
+    check_runs = len(_records("lm-xxs-32k-2x")["runs"])
+    assert check_runs < 9, "lm-xxs-32k-2x is complete: say what it found where the page says it is being trained"
+    assert "(`lm-xxs-32k-2x`, 9 runs, about 12 CPU-thread hours) is being trained" in prose
+    assert "its check at 64,000 (`lm-xxs-32k-2x`, being trained)" in prose
     # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
     # lr (seeds 0 / 1 / 2) and the lrs' means, as the study's lr selection computes them from the records
     needle = _records("needle")
