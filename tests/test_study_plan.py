@@ -1070,8 +1070,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         *(tail32[v] for v in plan.MAIN)) in prose
     assert all(abs(tail32[v] - xxs_tail[v]) < 0.006 for v in ("softmax", "diff"))  # "about as much as at 16,000 steps"
     own = [r for r in xxs32["runs"].values() if not r.get("adopted_from")]
-    assert len(xxs32["runs"]) == 45 and {r["adopted_from"] for r in xxs32["runs"].values() if r not in own} == {"lm-xxs-2x"}
-    assert len(own) == 36
+    adopted = [r["adopted_from"] for r in xxs32["runs"].values() if r.get("adopted_from")]
+    assert len(own) == 36 and adopted == ["lm-xxs-2x"] * 9  # "45 runs, 9 of them `lm-xxs-2x`'s"
     took = {v: [r["seconds"] / 60 for r in lm_xxs32 if r["variant"] == v] for v in plan.MAIN}
     assert (f"other 36 took {sum(r['seconds'] for r in own) / 3600:.1f} CPU-thread hours, "
             f"{min(r['seconds'] for r in own) / 60:.0f}-{max(r['seconds'] for r in own) / 60:.0f} minutes each (final "
@@ -1226,14 +1226,18 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     above = {(c, v) for c in lm_sizes for v in ("diff", "diff_v2_matched")
              if welch(*(_final_losses(c, (v, "softmax")).values()))["ci_low"] > 0}
     assert above == {("lm", "diff")}  # "only V1's at 111 k ... has an interval above zero"
-    for c, fmt in (("lm-xxs-32k", "V1 needs about {:.1f} k parameters and V2 about {:.1f} k for the loss softmax "
-                                  "reaches with 10 k ({:.2f}x and {:.2f}x)"), ("lm-xs-16k", "and at 32 k {:.2f}x and {:.2f}x")):
-        n = by_size[c, "softmax"]["parameters"]
-        needs = [plan.parameters_for(lm_trend, v, by_size[c, "softmax"]["mean"], False) for v in ("diff", "diff_v2_matched")]
-        assert all(needs) and all(x > n for x in needs), (c, needs)
-        said = fmt.format(*(x / 1e3 for x in needs), *(x / n for x in needs)) if "k parameters" in fmt else \
-            fmt.format(*(x / n for x in needs))
-        assert said in words, said
+    def needs(cell: str) -> tuple[list[float], int]:
+        """The parameters V1 and V2 need for softmax's loss at ``cell``'s size, and softmax's parameters there."""
+        n = by_size[cell, "softmax"]["parameters"]
+        x = [plan.parameters_for(lm_trend, v, by_size[cell, "softmax"]["mean"], False) for v in ("diff", "diff_v2_matched")]
+        assert all(x) and all(k > n for k in x), (cell, x)
+        return x, n
+
+    (v1_n, v2_n), n = needs("lm-xxs-32k")
+    assert (f"V1 needs about {v1_n / 1e3:.1f} k parameters and V2 about {v2_n / 1e3:.1f} k for the loss softmax "
+            f"reaches with 10 k ({v1_n / n:.2f}x and {v2_n / n:.2f}x)") in words
+    (v1_n, v2_n), n = needs("lm-xs-16k")
+    assert f"and at 32 k {v1_n / n:.2f}x and {v2_n / n:.2f}x" in words
     # the largest ViT (1.8 M): every final run flat, V2 against V1, and the size trend's reading of the ViT (each
     # variant's top-1 per size and its gain from the middle size to the largest)
     vit_l = size_cell("vit-l", 2, " %")
