@@ -1103,12 +1103,25 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             f"{min(r['seconds'] for r in own) / 60:.0f}-{max(r['seconds'] for r in own) / 60:.0f} minutes each (final "
             "runs: softmax {:.0f}-{:.0f}, V1 {:.0f}-{:.0f}, V2 {:.0f}-{:.0f})".format(
                 *(f(took[v]) for v in plan.MAIN for f in (min, max)))) in prose
-    # its own check at 64,000 steps, "being trained" while its records lack any of its 9 runs: when the last lands,
-    # this fails on purpose, and the two paragraphs that say so take the check's reading
-    check_runs = len(_records("lm-xxs-32k-2x")["runs"])
-    assert check_runs < 9, "lm-xxs-32k-2x is complete: say what it found where the page says it is being trained"
-    assert "(`lm-xxs-32k-2x`, 9 runs, about 12 CPU-thread hours) is being trained" in prose
-    assert "its check at 64,000 (`lm-xxs-32k-2x`, being trained)" in prose
+    # its own check at 64,000 steps, complete: the means over seeds 0-2 (each paired with its own run at 32,000), no
+    # mean lower than at 32,000 steps, no 64,000-step run flat and their tail gains, what the runs took and where
+    check = quoted_check("lm-xxs-32k")
+    assert all(check[v]["seeds"] == [0, 1, 2] and check[v]["flat_longer_n"] == 0 for v in plan.MAIN)
+    assert all(check[v]["longer"] > check[v]["budget"] for v in plan.MAIN)  # "No variant's mean improved at all"
+    assert f"{PLATEAU_TOL * min(check[v]['budget'] for v in plan.MAIN):.3f}" == "0.016"  # "(1 %, about 0.016 nats)"
+    runs64 = list(_records("lm-xxs-32k-2x")["runs"].values())
+    tails = [r["plateau"]["gain"] for r in runs64]
+    assert len(runs64) == 9 and not any(r["plateau"]["flat"] for r in runs64)
+    assert f"validation loss still fell by {min(tails):.3f}-{max(tails):.3f} nats over their last fifth" in prose
+    minutes = [r["seconds"] / 60 for r in runs64]
+    assert (f"(9 runs, {sum(r['seconds'] for r in runs64) / 3600:.1f} CPU-thread hours, {min(minutes):.0f}-"
+            f"{max(minutes):.0f} minutes each,") in prose
+    machines = {v: {r["code"]["cpu_model"].split()[0] for r in runs64 if r["variant"] == v} for v in plan.MAIN}
+    assert machines == {"softmax": {"Intel(R)"}, "diff": {"Intel(R)"}, "diff_v2_matched": {"AMD"}}
+    assert "softmax's and V1's on Intel Xeon, V2's on AMD EPYC" in prose
+    assert plan.cell_epochs(plan.cell_named("lm-xxs-32k-2x")) == 16 * plan.cell_epochs(plan.cell_named("lm"))
+    assert "passes over the corpus sixteen times as often as the task's 4,000 steps do" in prose
+    assert "its check at 64,000 (`lm-xxs-32k-2x`) lowered no variant's mean validation loss, so that point stands" in prose
     # needle's softmax grid as far as the in-progress paragraph quotes it: every seed's validation exact match per
     # lr (seeds 0 / 1 / 2) and the lrs' means, as the study's lr selection computes them from the records
     needle = _records("needle")
