@@ -752,6 +752,24 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert (f"V1's mean validation lead over the three seeds, {gap[0]:+.2f} points at 320 epochs, became {gap[1]:+.2f} "
             "at 640") in " ".join(page.split())
     assert gap[0] > 0 > gap[1]  # a lead at 320 epochs, softmax ahead at 640
+    # what a budget that lets -10 dB flatten would cost (twice the check's mean run for each of the 40 runs a
+    # 1,280-epoch cell would train beyond the check's 6), and the pilots of a milder level, 0 dB: softmax's gain from
+    # 320 to 640 epochs within the tolerance, both runs flat, against seed 0's gain at -10 dB
+    noisy_cell = plan.cell_named("speech-noisy")
+    mean_min = statistics.mean(r["seconds"] / 60 for r in _records("speech-noisy-2x")["runs"].values())
+    left = plan.planned_runs(noisy_cell) - 6
+    assert (f"about {2 * mean_min:.0f} minutes a run at the check's pace and about "
+            f"{round(left * 2 * mean_min / 60 / 5) * 5} CPU-thread hours for the cell's {left} runs beyond the check's") \
+        in " ".join(page.split())
+    pilots = json.loads((root / plan.RECORDS / "pilots" / "speech_0db.json").read_text())["runs"]
+    p320, p640 = (pilots[f"0db_{ep}ep/softmax_lr0.002_seed0"] for ep in (320, 640))
+    assert p320["extra"] == p640["extra"] == ["--data.init_args.snr_fixed_db=0"]
+    assert [p["fixed"][p["fixed"].index("--trainer.max_epochs") + 1] for p in (p320, p640)] == ["320", "640"]
+    v320, v640 = (100 * p["summary"]["metrics"]["val/top1"] for p in (p320, p640))
+    assert 0 < v640 - v320 < 1 and p320["plateau"]["flat"] and p640["plateau"]["flat"]
+    assert (f"reached {v320:.2f} % validation top-1 at 320 epochs ({p320['seconds'] / 60:.0f} minutes) and {v640:.2f} % "
+            f"at 640 ({p640['seconds'] / 60:.0f} minutes), a gain of {v640 - v320:+.2f} points") in " ".join(page.split())
+    assert f"where at -10 dB its seed 0 gained {lo[0] - b[0]:+.2f}" in page
     assert abs(rows["softmax"]["longer"] - rows["softmax"]["budget"]) < 1  # clean speech over the same seeds
     assert f"where on clean speech it had finished ({rows['softmax']['longer'] - rows['softmax']['budget']:+.2f} points" in page
     # CLIP's 320-epoch (three-digit) check: changes of both signs, each under 1.5 points, every curve flat
