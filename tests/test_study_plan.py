@@ -1126,6 +1126,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     check = quoted_check("lm-xxs-32k")
     assert all(check[v]["seeds"] == [0, 1, 2] and check[v]["flat_longer_n"] == 0 for v in plan.MAIN)
     assert all(check[v]["longer"] > check[v]["budget"] for v in plan.MAIN)  # "No variant's mean improved at all"
+    assert f"(softmax's by {100 * (check['softmax']['longer'] / check['softmax']['budget'] - 1):.0f} %)" in prose
     assert f"{PLATEAU_TOL * min(check[v]['budget'] for v in plan.MAIN):.3f}" == "0.016"  # "(1 %, about 0.016 nats)"
     runs64 = list(_records("lm-xxs-32k-2x")["runs"].values())
     tails = [r["plateau"]["gain"] for r in runs64]
