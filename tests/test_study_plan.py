@@ -770,6 +770,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert (f"reached {v320:.2f} % validation top-1 at 320 epochs ({p320['seconds'] / 60:.0f} minutes) and {v640:.2f} % "
             f"at 640 ({p640['seconds'] / 60:.0f} minutes), a gain of {v640 - v320:+.2f} points") in " ".join(page.split())
     assert f"where at -10 dB its seed 0 gained {lo[0] - b[0]:+.2f}" in page
+    v1_0db = pilots["0db_320ep/diff_lr0.002_seed0"]
+    assert v1_0db["extra"] == p320["extra"] and v1_0db["fixed"][v1_0db["fixed"].index("--trainer.max_epochs") + 1] == "320"
+    v1_flat = v1_0db["plateau"]["flat"]
+    assert (f"V1's run at 320 epochs (the same lr and seed) reached {100 * v1_0db['summary']['metrics']['val/top1']:.2f} % "
+            f"({v1_0db['seconds'] / 60:.0f} minutes) and "
+            + ("met the plateau rule" if v1_flat else "did not meet the plateau rule (+{:.2f} points over its last "
+               "fifth)".format(100 * v1_0db["plateau"]["gain"]))) in " ".join(page.split())
     assert abs(rows["softmax"]["longer"] - rows["softmax"]["budget"]) < 1  # clean speech over the same seeds
     assert f"where on clean speech it had finished ({rows['softmax']['longer'] - rows['softmax']['budget']:+.2f} points" in page
     # CLIP's 320-epoch (three-digit) check: changes of both signs, each under 1.5 points, every curve flat
