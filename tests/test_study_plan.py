@@ -755,12 +755,13 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # what a budget that lets -10 dB flatten would cost (twice the check's mean run for each of the 40 runs a
     # 1,280-epoch cell would train beyond the check's 6), and the pilots of a milder level, 0 dB: softmax's gain from
     # 320 to 640 epochs within the tolerance, both runs flat, against seed 0's gain at -10 dB
+    joined = " ".join(page.split())
     noisy_cell = plan.cell_named("speech-noisy")
     mean_min = statistics.mean(r["seconds"] / 60 for r in _records("speech-noisy-2x")["runs"].values())
     left = plan.planned_runs(noisy_cell) - 6
     assert (f"about {2 * mean_min:.0f} minutes a run at the check's pace and about "
             f"{round(left * 2 * mean_min / 60 / 5) * 5} CPU-thread hours for the cell's {left} runs beyond the check's") \
-        in " ".join(page.split())
+        in joined
     pilots = json.loads((root / plan.RECORDS / "pilots" / "speech_0db.json").read_text())["runs"]
     p320, p640 = (pilots[f"0db_{ep}ep/softmax_lr0.002_seed0"] for ep in (320, 640))
     assert p320["extra"] == p640["extra"] == ["--data.init_args.snr_fixed_db=0"]
@@ -768,7 +769,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     v320, v640 = (100 * p["summary"]["metrics"]["val/top1"] for p in (p320, p640))
     assert 0 < v640 - v320 < 1 and p320["plateau"]["flat"] and p640["plateau"]["flat"]
     assert (f"reached {v320:.2f} % validation top-1 at 320 epochs ({p320['seconds'] / 60:.0f} minutes) and {v640:.2f} % "
-            f"at 640 ({p640['seconds'] / 60:.0f} minutes), a gain of {v640 - v320:+.2f} points") in " ".join(page.split())
+            f"at 640 ({p640['seconds'] / 60:.0f} minutes), a gain of {v640 - v320:+.2f} points") in joined
     assert f"where at -10 dB its seed 0 gained {lo[0] - b[0]:+.2f}" in page
     v1_0db = pilots["0db_320ep/diff_lr0.002_seed0"]
     assert v1_0db["extra"] == p320["extra"] and v1_0db["fixed"][v1_0db["fixed"].index("--trainer.max_epochs") + 1] == "320"
@@ -776,7 +777,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert (f"V1's run at 320 epochs (the same lr and seed) reached {100 * v1_0db['summary']['metrics']['val/top1']:.2f} % "
             f"({v1_0db['seconds'] / 60:.0f} minutes) and "
             + ("met the plateau rule" if v1_flat else "did not meet the plateau rule (+{:.2f} points over its last "
-               "fifth)".format(100 * v1_0db["plateau"]["gain"]))) in " ".join(page.split())
+               "fifth)".format(100 * v1_0db["plateau"]["gain"]))) in joined
     assert abs(rows["softmax"]["longer"] - rows["softmax"]["budget"]) < 1  # clean speech over the same seeds
     assert f"where on clean speech it had finished ({rows['softmax']['longer'] - rows['softmax']['budget']:+.2f} points" in page
     # CLIP's 320-epoch (three-digit) check: changes of both signs, each under 1.5 points, every curve flat
