@@ -64,21 +64,33 @@ def test_recipe_arguments_state_one_rule_for_every_family():
     checks = {c.lr_from for c in plan.CELLS if c.epochs_factor is not None}
     assert checks == {"vit", "vit-40ep", "mqar", "cluttered", "cluttered-30ep", "speech", "speech-320ep", "speech-40ep", "clip", "clip-40ep", "clip-80ep",
                       "lm", "lm-2k", "needle", "lm-xs", "speech-80ep", "lm-xs-8k", "lm-xs-16k", "cluttered-120ep", "lm-xxs", "speech-160ep",
-                      "lm-xxs-32k", "speech-noisy"}
+                      "lm-xxs-32k", "speech-noisy", "speech-0db"}
     by_name = {c.name: c for c in plan.CELLS}  # a budget check trains its source cell's task and size
     assert all((c.extra, c.size_args) == (by_name[c.lr_from].extra, by_name[c.lr_from].size_args)
                for c in plan.CELLS if c.epochs_factor is not None)
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
-    # the noisiest speech pairs with the speech cell at its budget: same task, models and budget, only the noise fixed
-    noisy, speech = by_name["speech-noisy"], by_name[plan.NOISY_OF["speech-noisy"]]
-    assert speech.name == "speech-320ep" and speech.superseded_by == "speech"
-    assert (noisy.family, noisy.epochs, noisy.size_args) == (speech.family, speech.epochs, speech.size_args)
-    assert noisy.extra == (*speech.extra, "--data.init_args.snr_fixed_db=-10") and noisy.superseded_by is None
-    # ... and its budget check trains the cell's own two variants, at -10 dB, three grid seeds, twice the epochs
-    check = by_name["speech-noisy-2x"]
+    # the noisiest speech (0 dB) pairs with the speech cell: same task and models, only the noise fixed, each at its
+    # own budget to plateau (0 dB flattened by 320 epochs in its pilots, the usual mix needs 640)
+    noisy, speech = by_name["speech-0db"], by_name[plan.NOISY_OF["speech-0db"]]
+    assert speech.name == "speech" and speech.superseded_by is None
+    assert (noisy.family, noisy.size_args, noisy.variants) == (speech.family, speech.size_args, ("softmax", "diff"))
+    assert noisy.extra == (*speech.extra, "--data.init_args.snr_fixed_db=0") and noisy.superseded_by is None
+    assert 2 * noisy.epochs == speech.epochs == 640
+    # ... and its budget check trains the cell's own two variants, at 0 dB, three grid seeds, twice the epochs
+    check = by_name["speech-0db-2x"]
     assert (check.variants, check.extra, check.check_seeds) == (noisy.variants, noisy.extra, 3)
     assert plan.cell_epochs(check) == 2 * noisy.epochs
+    # the first noisy level, -10 dB, is history: replaced by the 0 dB cell, still paired with the clean cell at its
+    # own 320 epochs, its check (640 epochs, three seeds) kept
+    old, speech = by_name["speech-noisy"], by_name[plan.NOISY_OF["speech-noisy"]]
+    assert (old.superseded_by, speech.name, speech.superseded_by) == ("speech-0db", "speech-320ep", "speech")
+    assert (old.family, old.epochs, old.size_args, old.variants) == (speech.family, speech.epochs, speech.size_args,
+                                                                    noisy.variants)
+    assert old.extra == (*speech.extra, "--data.init_args.snr_fixed_db=-10")
+    check = by_name["speech-noisy-2x"]
+    assert (check.variants, check.extra, check.check_seeds) == (old.variants, old.extra, 3)
+    assert plan.cell_epochs(check) == 2 * old.epochs
     # the clean cell's check as well: all three variants, three grid seeds, 640 epochs
     check = by_name["speech-320ep-2x"]
     assert (check.variants, check.extra, check.check_seeds) == (speech.variants, speech.extra, 3)
@@ -88,8 +100,11 @@ def test_recipe_arguments_state_one_rule_for_every_family():
     assert (task.epochs, task.runs_from, task.variants, task.extra) == (640, check.name, plan.MAIN, speech.extra)
     assert plan.cell_epochs(task) == plan.cell_epochs(check)
     assert (by_name["speech-2x"].check_seeds, plan.cell_epochs(by_name["speech-2x"])) == (3, 1280)
-    assert all(by_name[c.superseded_by].epochs > (c.epochs or 0) for c in plan.CELLS
-               if c.family == "speech" and c.superseded_by)  # every earlier speech budget is shorter than the task's
+    earlier = [c for c in plan.CELLS if c.family == "speech" and c.superseded_by]
+    # every earlier speech budget is shorter than the task's; the one cell replaced at the same budget changed the
+    # task instead (the -10 dB cell, by the milder 0 dB one)
+    assert all(by_name[c.superseded_by].epochs > (c.epochs or 0) for c in earlier if c.name != "speech-noisy")
+    assert {c.name for c in earlier if by_name[c.superseded_by].extra != c.extra} == {"speech-noisy"}
 
 
 def _fake(values, calls):
@@ -177,12 +192,17 @@ def test_headline_applies_one_holm_over_every_cell(tmp_path):
     block = plan.earlier_block(result)
     assert block.startswith(plan.EARLIER_TITLE) and "\n\n2 comparisons; p Holm here" in block
     # the cells one task change replaced are named in one sentence, the replacing cell and its arguments once
-    changed = {**result, "task_changed": {"clip-40ep": ("clip", ["--x", "1"]), "clip-80ep": ("clip", ["--x", "1"]),
-                                          "cluttered-30ep": ("cluttered", ["--data.k", "2"])}}
+    changed = {**result, "task_changed": {"clip-40ep": ("clip", ["--x", "1"], []), "clip-80ep": ("clip", ["--x", "1"], []),
+                                          "cluttered-30ep": ("cluttered", ["--data.k", "2"], []),
+                                          "speech-noisy": ("speech-0db", ["--y", "0"], ["--y", "-10"])},
+               "replaced_by": {"speech-noisy": "speech-0db"}}
     block = plan.earlier_block(changed)
     assert ("`clip` also changed the task (it trains with `--x 1`, `clip-40ep` and `clip-80ep` did not); "
-            "`cluttered` also changed the task (it trains with `--data.k 2`, `cluttered-30ep` did not)") in block
+            "`cluttered` also changed the task (it trains with `--data.k 2`, `cluttered-30ep` did not); "
+            "`speech-0db` also changed the task (it trains with `--y 0`, `speech-noisy` with `--y -10`)") in block
     assert block.count("`clip` also changed") == 1
+    # a row replaced by a cell that does not carry the task's name says which
+    assert "the row above with the task's name replaced it, `speech-noisy`'s the row `speech-0db`; `clip`" in block
     assert "| 24, 0.4 | `python -m recipes.study run --cells lm` |" in table  # each row: its runs, hours, command
     assert "| cluttered | running: 6 runs recorded, 6 of 24 main final runs |" in table
     assert all(p["flat"] for r in rows for p in r["plateau"])
@@ -778,6 +798,19 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             f"({v1_0db['seconds'] / 60:.0f} minutes) and "
             + ("met the plateau rule" if v1_flat else "did not meet the plateau rule (+{:.2f} points over its last "
                "fifth)".format(100 * v1_0db["plateau"]["gain"]))) in joined
+    # ... and at 640: within the tolerance too, so the noisy cell is speech-0db at 320 epochs, with its cost
+    v1_640 = pilots["0db_640ep/diff_lr0.002_seed0"]
+    assert v1_640["extra"] == p320["extra"] and v1_640["fixed"][v1_640["fixed"].index("--trainer.max_epochs") + 1] == "640"
+    w320, w640 = (100 * p["summary"]["metrics"]["val/top1"] for p in (v1_0db, v1_640))
+    assert abs(w640 - w320) < 1 and v1_640["plateau"]["flat"]
+    assert (f"and at 640 epochs {w640:.2f} % ({v1_640['seconds'] / 60:.0f} minutes), {w640 - w320:+.2f} points, within "
+            "the tolerance too, and met the rule again. So the noisy cell became `speech-0db`") in joined.replace("**", "")
+    zero = plan.cell_named("speech-0db")
+    assert plan.cell_epochs(zero) == 320 and plan.planned_runs(zero) == 46
+    m320 = statistics.mean(p["seconds"] / 60 for p in (p320, v1_0db))
+    m640 = statistics.mean(p["seconds"] / 60 for p in (p640, v1_640))
+    assert (f"46 runs of about {m320:.0f} minutes, about {46 * m320 / 60:.0f} CPU-thread hours") in joined
+    assert f"(`speech-0db-2x`, 6 runs, about {6 * m640 / 60:.0f} CPU-thread hours)" in joined
     assert abs(rows["softmax"]["longer"] - rows["softmax"]["budget"]) < 1  # clean speech over the same seeds
     assert f"where on clean speech it had finished ({rows['softmax']['longer'] - rows['softmax']['budget']:+.2f} points" in page
     # CLIP's 320-epoch (three-digit) check: changes of both signs, each under 1.5 points, every curve flat
@@ -1553,9 +1586,11 @@ def test_readme_summary_is_what_the_records_give():
         missing = [v for v in plan.MAIN if cell and name not in result["earlier"] and v in planned
                    and v not in {r["variant"] for r in cell["rows"]}]
         assert not missing or f"{cell['cell']} ({' and '.join(missing)})" in on_page.split("Still to come:")[1], name
-    # ... and a variant a cell never runs is not: speech at -10 dB compares softmax and V1 only, both finished
-    assert "diff_v2_matched" not in plan.cell_named("speech-noisy").variants
-    assert "| speech-noisy (test/top1) |" in on_page and "speech-noisy (" not in on_page.replace("speech-noisy (test", "")
+    # ... and a variant a cell never runs is not: speech at 0 dB compares softmax and V1 only; its row is shown or
+    # still to come, never with V2 named as missing
+    assert "diff_v2_matched" not in plan.cell_named("speech-0db").variants
+    assert "| speech-0db (test/top1) |" in on_page or "speech-0db" in on_page.split("Still to come:")[1]
+    assert "speech-0db (" not in on_page.replace("speech-0db (test", "")
     # CLIP's final cell as the README reads it: V1 and V2 against softmax, no difference found for either
     said = "{:+.2f} points of test retrieval recall [{:+.2f}, {:+.2f}] and {:+.2f} of zero-shot top-1 [{:+.2f}, {:+.2f}]"
     for variant, head, fmt in (("diff", "V1 - softmax is ", said), ("diff_v2_matched", "V2 - softmax ",
