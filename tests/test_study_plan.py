@@ -267,11 +267,22 @@ def test_noise_gaps_compare_the_gap_at_a_fixed_noise_with_the_tasks_own(tmp_path
     half = row["change"]["ci_high"] - row["change"]["diff"]
     assert row["change"]["diff"] == pytest.approx(w["diff"] + 1.0) and 2.0 * se < half < 2.1 * se  # t(0.975, ~28)
     text = plan.report_markdown(tmp_path, cells, plan.headline(tmp_path, cells), tmp_path)
-    assert "### Does the gap change with noise?" in text and "| speech (test/top1) | diff - softmax | speech-320ep: -1.00 [" in text
+    assert "### Does the gap change with noise?" in text and "| speech (test/top1) | diff - softmax | speech-320ep (320 epochs): -1.00 [" in text
+    assert "| speech-noisy (320 epochs): -3.56 [" in text  # each cell with its budget
     # a variant half-way through its final seeds at the fixed noise: no row, no section
     (tmp_path / "speech-noisy.json").write_text(json.dumps(_record("speech", best, {"softmax": soft, "diff": soft[:5]})))
     assert plan.noise_gaps(tmp_path, cells) == []
     assert "### Does the gap change" not in plan.report_markdown(tmp_path, cells, plan.headline(tmp_path, cells), tmp_path)
+    # the 0 dB cell pairs with the task's final cell, each at its own budget, as the table says
+    cells = [c for c in plan.CELLS if c.name in ("speech", "speech-0db")]
+    (tmp_path / "speech.json").write_text(json.dumps(_record("speech", best, {
+        "softmax": clean_soft, "diff": [x - 1.0 for x in reversed(clean_soft)], "diff_v2_matched": clean_soft})))
+    (tmp_path / "speech-0db.json").write_text(json.dumps(_record("speech", best, {"softmax": soft, "diff": noisy_v1})))
+    [row] = plan.noise_gaps(tmp_path, cells)
+    assert (row["cell"], row["clean"], row["budget_noisy"], row["budget_clean"]) == ("speech-0db", "speech", "320 epochs",
+                                                                                   "640 epochs")
+    assert row["change"]["diff"] == pytest.approx(w["diff"] + 1.0)
+    assert "| speech (640 epochs): -1.00 [" in plan.noise_table([row]) and "| speech-0db (320 epochs): -3.56 [" in plan.noise_table([row])
 
 
 def test_status_says_how_long_a_started_cell_has_left(tmp_path):

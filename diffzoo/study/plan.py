@@ -772,7 +772,7 @@ def report_markdown(records: Path, cells: Sequence[Cell], result: dict, folder: 
     if noise:
         parts.append("### Does the gap change with noise? Each cell at a fixed noise level against its task's cell\n\n"
                      + noise_table(noise) + "\n\nEach gap is the variant minus softmax over the final seeds (Welch "
-                     "95 % CI), each cell at its own best learning rates; the change is the gap at the fixed noise "
+                     "95 % CI), each cell at its own best learning rates and budget; the change is the gap at the fixed noise "
                      "minus the gap in the task's cell, with a Welch-Satterthwaite 95 % interval over the four groups "
                      "of seeds and its two-sided t p, outside the study's Holm family.")
     gaps = gap_by_budget(result, cells)
@@ -959,6 +959,7 @@ def noise_gaps(records: Path, cells: Sequence[Cell], reference: str = "softmax",
                 continue
             change = welch_contrast(groups, (1.0, -1.0, -1.0, 1.0), confidence)
             rows.append({"cell": noisy.name, "clean": clean.name, "family": noisy.family,
+                         "budget_noisy": budget_words(noisy), "budget_clean": budget_words(clean),
                          "metric": family.test_metric, "scale": family.scale, "variant": v, "reference": reference,
                          "n": [len(g) for g in groups], "gap_noisy": welch(groups[0], groups[1], confidence),
                          "gap_clean": welch(groups[2], groups[3], confidence),
@@ -971,8 +972,9 @@ def noise_table(rows: list[dict]) -> str:
              "change [95 % CI], p |", "|" + "---|" * 5]
     for r in rows:
         digits = 2 if r["scale"] != 1.0 else 3
-        lines.append(f"| {r['family']} ({r['metric']}) | {r['variant']} - {r['reference']} | {r['clean']}: "
-                     f"{_with_ci(r['gap_clean'], digits)} | {r['cell']}: {_with_ci(r['gap_noisy'], digits)} | "
+        lines.append(f"| {r['family']} ({r['metric']}) | {r['variant']} - {r['reference']} | {r['clean']} "
+                     f"({r['budget_clean']}): {_with_ci(r['gap_clean'], digits)} | {r['cell']} ({r['budget_noisy']}): "
+                     f"{_with_ci(r['gap_noisy'], digits)} | "
                      f"{_with_ci(r['change'], digits)}, {fmt_p(r['change']['p'])} |")
     return "\n".join(lines)
 
