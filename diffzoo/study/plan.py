@@ -677,7 +677,8 @@ EARLIER_TITLE = "### Earlier budgets: the same tasks where the study first stopp
 
 
 def earlier_block(result: dict) -> str:
-    """The cells a longer budget superseded: their table (the same columns) and what their p Holm is."""
+    """The cells a longer budget (or a task made smaller or milder) superseded: their table (the same columns), which
+    cell replaced each where that cell does not carry the task's name, and what their p Holm is."""
     # the cell that changed the task, its args and the args of the cells before it -> those cells
     replaced: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = {}
     for before, (after, args, before_args) in result.get("task_changed", {}).items():
