@@ -282,7 +282,8 @@ def test_noise_gaps_compare_the_gap_at_a_fixed_noise_with_the_tasks_own(tmp_path
     assert (row["cell"], row["clean"], row["budget_noisy"], row["budget_clean"]) == ("speech-0db", "speech", "320 epochs",
                                                                                    "640 epochs")
     assert row["change"]["diff"] == pytest.approx(w["diff"] + 1.0)
-    assert "| speech (640 epochs): -1.00 [" in plan.noise_table([row]) and "| speech-0db (320 epochs): -3.56 [" in plan.noise_table([row])
+    table = plan.noise_table([row])
+    assert "| speech (640 epochs): -1.00 [" in table and "| speech-0db (320 epochs): -3.56 [" in table
 
 
 def test_status_says_how_long_a_started_cell_has_left(tmp_path):
@@ -795,15 +796,19 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
         in joined
     pilots = json.loads((root / plan.RECORDS / "pilots" / "speech_0db.json").read_text())["runs"]
     p320, p640 = (pilots[f"0db_{ep}ep/softmax_lr0.002_seed0"] for ep in (320, 640))
+
+    def epochs_of(run: dict) -> str:  # the epochs a pilot's command line trained
+        return run["fixed"][run["fixed"].index("--trainer.max_epochs") + 1]
+
     assert p320["extra"] == p640["extra"] == ["--data.init_args.snr_fixed_db=0"]
-    assert [p["fixed"][p["fixed"].index("--trainer.max_epochs") + 1] for p in (p320, p640)] == ["320", "640"]
+    assert [epochs_of(p) for p in (p320, p640)] == ["320", "640"]
     v320, v640 = (100 * p["summary"]["metrics"]["val/top1"] for p in (p320, p640))
     assert 0 < v640 - v320 < 1 and p320["plateau"]["flat"] and p640["plateau"]["flat"]
     assert (f"reached {v320:.2f} % validation top-1 at 320 epochs ({p320['seconds'] / 60:.0f} minutes) and {v640:.2f} % "
             f"at 640 ({p640['seconds'] / 60:.0f} minutes), a gain of {v640 - v320:+.2f} points") in joined
     assert f"where at -10 dB its seed 0 gained {lo[0] - b[0]:+.2f}" in page
     v1_0db = pilots["0db_320ep/diff_lr0.002_seed0"]
-    assert v1_0db["extra"] == p320["extra"] and v1_0db["fixed"][v1_0db["fixed"].index("--trainer.max_epochs") + 1] == "320"
+    assert v1_0db["extra"] == p320["extra"] and epochs_of(v1_0db) == "320"
     v1_flat = v1_0db["plateau"]["flat"]
     assert (f"V1's run at 320 epochs (the same lr and seed) reached {100 * v1_0db['summary']['metrics']['val/top1']:.2f} % "
             f"({v1_0db['seconds'] / 60:.0f} minutes) and "
@@ -811,7 +816,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
                "fifth)".format(100 * v1_0db["plateau"]["gain"]))) in joined
     # ... and at 640: within the tolerance too, so the noisy cell is speech-0db at 320 epochs, with its cost
     v1_640 = pilots["0db_640ep/diff_lr0.002_seed0"]
-    assert v1_640["extra"] == p320["extra"] and v1_640["fixed"][v1_640["fixed"].index("--trainer.max_epochs") + 1] == "640"
+    assert v1_640["extra"] == p320["extra"] and epochs_of(v1_640) == "640"
     w320, w640 = (100 * p["summary"]["metrics"]["val/top1"] for p in (v1_0db, v1_640))
     assert abs(w640 - w320) < 1 and v1_640["plateau"]["flat"]
     assert (f"and at 640 epochs {w640:.2f} % ({v1_640['seconds'] / 60:.0f} minutes), {w640 - w320:+.2f} points, within "
