@@ -239,8 +239,8 @@ def test_last_checkpoint_follows_the_run_when_the_monitored_metric_stops_improvi
     trainer = pl.Trainer(max_epochs=3, callbacks=[ckpt], logger=False, enable_progress_bar=False,
                          enable_model_summary=False)
     trainer.fit(Constant(), data, data)
-    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6  # the end of the run
-    assert torch.load(ckpt.best_model_path, weights_only=False)["global_step"] == 2  # the best (first) epoch
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 6  # the end of the run
+    assert torch.load(ckpt.best_model_path, weights_only=True)["global_step"] == 2  # the best (first) epoch
 
 
 def test_export_writes_the_weights_the_strategy_gathers(tmp_path: Path, monkeypatch) -> None:
