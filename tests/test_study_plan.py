@@ -823,9 +823,17 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             "the tolerance too, and met the rule again. So the noisy cell became `speech-0db`") in joined.replace("**", "")
     zero = plan.cell_named("speech-0db")
     assert plan.cell_epochs(zero) == 320 and plan.planned_runs(zero) == 46
-    m320 = statistics.mean(p["seconds"] / 60 for p in (p320, v1_0db))
     m640 = statistics.mean(p["seconds"] / 60 for p in (p640, v1_640))
-    assert (f"46 runs of about {m320:.0f} minutes, about {46 * m320 / 60:.0f} CPU-thread hours") in joined
+    # the cell's cost, restated from its grid once the grid was in: 30 runs, the 16 final seeds timed by variant
+    grid = [r for r in _records("speech-0db")["runs"].values() if r["seed"] < plan.FINAL_SEED]
+    assert len(grid) == 2 * 5 * plan.GRID_SEEDS
+    took = {v: [r["seconds"] / 60 for r in grid if r["variant"] == v] for v in ("softmax", "diff")}
+    grid_h = sum(map(sum, took.values())) / 60
+    left_h = zero.final_seeds * sum(statistics.mean(m) for m in took.values()) / 60
+    assert (f"46 runs, about {grid_h + left_h:.0f} CPU-thread hours (the grid's 30 runs took "
+            f"{min(map(min, took.values())):.0f}-{max(map(max, took.values())):.0f} minutes each, "
+            f"{statistics.mean(took['softmax']):.1f} softmax and {statistics.mean(took['diff']):.1f} V1 on average, "
+            f"{grid_h:.1f} CPU-thread hours in all;") in joined
     assert f"(`speech-0db-2x`, 6 runs, about {6 * m640 / 60:.0f} CPU-thread hours)" in joined
     assert abs(rows["softmax"]["longer"] - rows["softmax"]["budget"]) < 1  # clean speech over the same seeds
     assert f"where on clean speech it had finished ({rows['softmax']['longer'] - rows['softmax']['budget']:+.2f} points" in page
