@@ -1062,7 +1062,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     zn = {v: statistics.median(statistics.median(x[1] for x in r["curves"][GRAD_NORM]) for r in zero if r["variant"] == v)
           for v in ("softmax", "diff")}
     assert "softmax {:.2f}, V1 {:.2f} ({:.2f} times softmax's, at half its lr)".format(
-        zn["softmax"], zn["diff"], zn["diff"] / zn["softmax"]) in page
+        zn["softmax"], zn["diff"], zn["diff"] / zn["softmax"]) in page and 2 * z["diff"]["lr"] == z["softmax"]["lr"]
     zflat = {v: sum(1 for r in zero if r["variant"] == v and r["plateau"]["flat"]) for v in ("softmax", "diff")}
     zgain = {v: max(100 * r["plateau"]["gain"] for r in zero if r["variant"] == v) for v in ("softmax", "diff")}
     assert (f"{zflat['softmax']} of softmax's 8 final runs and {zflat['diff']} of V1's met the plateau rule; the others "
