@@ -590,6 +590,20 @@ def _check_rows(name: str) -> dict[str, dict]:
     return {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
 
 
+def _speech_0db() -> tuple[dict, dict[str, list[float]], bool]:
+    """The `speech-0db` cell from the records in the repository: V1's test voices bootstrap against softmax, each
+    variant's final test top-1 (%), and whether its 640-epoch check (`speech-0db-2x`) has all its runs."""
+    root = Path(__file__).resolve().parents[1]
+    boot = next(r for r in plan.cell_voice_stats(root / plan.RECORDS, plan.cell_named("speech-0db"))["rows"]
+                if r["variant"] == "diff")["bootstrap"]
+    finals = [r for r in _records("speech-0db")["runs"].values() if r["seed"] >= plan.FINAL_SEED]
+    top1 = {v: [100 * r["summary"]["metrics"]["test/top1"] for r in finals if r["variant"] == v]
+            for v in ("softmax", "diff")}
+    check = _check_rows("speech-0db-2x")
+    done = set(check) == {"softmax", "diff"} and all(r["seeds"] == [0, 1, 2] for r in check.values())
+    return boot, top1, done
+
+
 def _check_per_seed(name: str) -> dict[str, list[tuple[float, float]]]:
     """The budget check ``name``'s (budget, longer) validation values of each seed in, by variant, recovered from
     the report's means over seeds below 1, 2, ... (the report pairs each seed with its own shorter run)."""
@@ -1025,29 +1039,22 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             for r in c["rows"] if "vs" in r and r["p_holm_study"] < 0.05] == [("speech-0db", "diff")]
     z = {r["variant"]: r for r in result["cells"]["speech-0db"]["rows"]}
     zc = z["diff"]["vs"]
-    zb = next(r for r in plan.cell_voice_stats(root / plan.RECORDS, plan.cell_named("speech-0db"))["rows"]
-              if r["variant"] == "diff")["bootstrap"]
+    zb, zt, check_done = _speech_0db()
     assert zc["ci_high"] < 0 and zb["ci_high"] < 0
     assert (f"seeds trail softmax's by {-zc['diff']:.2f} points of test top-1 [{zc['ci_low']:.2f}, {zc['ci_high']:.2f}] "
             f"(exact permutation p {zc['p_perm']:.1e}; with the test voices "
             f"resampled [{zb['ci_low']:.2f}, {zb['ci_high']:.2f}]), every V1 seed below every softmax seed: the one gap "
             "in the study's family that survives its Holm correction") in page
     zero = [r for r in _records("speech-0db")["runs"].values() if r["seed"] >= plan.FINAL_SEED]
-    zt = {v: [100 * r["summary"]["metrics"]["test/top1"] for r in zero if r["variant"] == v] for v in ("softmax", "diff")}
     assert len(zt["softmax"]) == len(zt["diff"]) == 8 and max(zt["diff"]) < min(zt["softmax"])
-    zcheck = _check_rows("speech-0db-2x")
-    check_done = set(zcheck) == {"softmax", "diff"} and all(r["seeds"] == [0, 1, 2] for r in zcheck.values())
     assert check_done != bool(re.search(r"`speech-0db-2x`[^)]*being trained", page)), "the 0 dB check's prose is stale"
     # the 0 dB cell's own paragraph: seeds, lrs, the voices' bootstrap, validation, gradient norms, plateaus, times
     assert "V1 - softmax {:.2f} [{:.2f}, {:.2f}] points (Welch 95 % CI), exact permutation p {:.1e}, the smallest p".format(
         zc["diff"], zc["ci_low"], zc["ci_high"], zc["p_perm"]) in page
     assert zc["p_perm"] == pytest.approx(2 / math.comb(16, 8))  # "the smallest p that 8 seeds a side can give"
-    def lr_text(lr: float) -> str:  # 0.004 as the page writes it, 4e-3
-        mantissa, exp = f"{lr:.0e}".split("e")
-        return f"{mantissa}e{int(exp)}"
-    assert "softmax {:.2f} ± {:.2f} % (lr {}), V1 {:.2f} ± {:.2f} % (lr {})".format(
-        z["softmax"]["mean"], z["softmax"]["sd"], lr_text(z["softmax"]["lr"]),
-        z["diff"]["mean"], z["diff"]["sd"], lr_text(z["diff"]["lr"])) in page
+    assert (z["softmax"]["lr"], z["diff"]["lr"]) == (4e-3, 2e-3)
+    assert "softmax {:.2f} ± {:.2f} % (lr 4e-3), V1 {:.2f} ± {:.2f} % (lr 2e-3)".format(
+        *(z[v][k] for v in ("softmax", "diff") for k in ("mean", "sd"))) in page
     assert ("(every V1 seed scored below every softmax seed: {:.2f}-{:.2f} against {:.2f}-{:.2f} %), and below 0.05 "
             "after the study's Holm correction (the table above gives its adjusted p)").format(
         min(zt["diff"]), max(zt["diff"]), min(zt["softmax"]), max(zt["softmax"])) in page
@@ -1571,17 +1578,13 @@ def test_readme_summary_is_what_the_records_give():
     assert "One difference between a differential variant and softmax survives the study's Holm correction" in words
     assert [k for k, r in final.items() if r["p_holm_study"] < 0.05] == [("speech-0db", "diff")]
     zc = final[("speech-0db", "diff")]["vs"]
-    zb = next(r for r in plan.cell_voice_stats(root / plan.RECORDS, plan.cell_named("speech-0db"))["rows"]
-              if r["variant"] == "diff")["bootstrap"]
+    zb, zt, check_done = _speech_0db()
     assert zc["ci_high"] < 0 and zb["ci_high"] < 0
     assert ("V1 is {:.2f} points of test top-1 behind softmax [{:.2f}, {:.2f}] (its p Holm is in the table above; "
             "with the test voices resampled [{:.2f}, {:.2f}]), every V1 seed below every softmax seed").format(
         -zc["diff"], zc["ci_low"], zc["ci_high"], zb["ci_low"], zb["ci_high"]) in words
-    zero = [r for r in _records("speech-0db")["runs"].values() if r["seed"] >= plan.FINAL_SEED]
-    assert max(100 * r["summary"]["metrics"]["test/top1"] for r in zero if r["variant"] == "diff") < \
-        min(100 * r["summary"]["metrics"]["test/top1"] for r in zero if r["variant"] == "softmax")
-    zcheck = _check_rows("speech-0db-2x")  # "its check at 640 epochs is being trained" until all its runs are in
-    check_done = set(zcheck) == {"softmax", "diff"} and all(r["seeds"] == [0, 1, 2] for r in zcheck.values())
+    assert max(zt["diff"]) < min(zt["softmax"])
+    # "its check at 640 epochs is being trained" until all its runs are in
     assert check_done != ("its check at 640 epochs is being trained" in words), "the 0 dB check's summary is stale"
     earlier = {r["variant"]: r for r in result["cells"]["cluttered-120ep"]["rows"]}
     clut, clut_v2 = earlier["diff"], earlier["diff_v2_matched"]["vs"]
