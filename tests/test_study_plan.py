@@ -590,9 +590,10 @@ def _check_rows(name: str) -> dict[str, dict]:
     return {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
 
 
-def _speech_0db() -> tuple[dict, dict[str, list[float]], bool]:
-    """The `speech-0db` cell from the records in the repository: V1's test voices bootstrap against softmax, each
-    variant's final test top-1 (%), and whether its 640-epoch check (`speech-0db-2x`) has all its runs."""
+def _speech_0db() -> tuple[dict, list[dict], dict[str, list[float]], bool]:
+    """The `speech-0db` cell from the records in the repository: V1's test voices bootstrap against softmax, the
+    final runs' records, each variant's final test top-1 (%), and whether its 640-epoch check (`speech-0db-2x`) has
+    all its runs."""
     root = Path(__file__).resolve().parents[1]
     boot = next(r for r in plan.cell_voice_stats(root / plan.RECORDS, plan.cell_named("speech-0db"))["rows"]
                 if r["variant"] == "diff")["bootstrap"]
@@ -601,7 +602,7 @@ def _speech_0db() -> tuple[dict, dict[str, list[float]], bool]:
             for v in ("softmax", "diff")}
     check = _check_rows("speech-0db-2x")
     done = set(check) == {"softmax", "diff"} and all(r["seeds"] == [0, 1, 2] for r in check.values())
-    return boot, top1, done
+    return boot, finals, top1, done
 
 
 def _check_per_seed(name: str) -> dict[str, list[tuple[float, float]]]:
@@ -1039,13 +1040,12 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             for r in c["rows"] if "vs" in r and r["p_holm_study"] < 0.05] == [("speech-0db", "diff")]
     z = {r["variant"]: r for r in result["cells"]["speech-0db"]["rows"]}
     zc = z["diff"]["vs"]
-    zb, zt, check_done = _speech_0db()
+    zb, zero, zt, check_done = _speech_0db()
     assert zc["ci_high"] < 0 and zb["ci_high"] < 0
     assert (f"seeds trail softmax's by {-zc['diff']:.2f} points of test top-1 [{zc['ci_low']:.2f}, {zc['ci_high']:.2f}] "
             f"(exact permutation p {zc['p_perm']:.1e}; with the test voices "
             f"resampled [{zb['ci_low']:.2f}, {zb['ci_high']:.2f}]), every V1 seed below every softmax seed: the one gap "
             "in the study's family that survives its Holm correction") in page
-    zero = [r for r in _records("speech-0db")["runs"].values() if r["seed"] >= plan.FINAL_SEED]
     assert len(zt["softmax"]) == len(zt["diff"]) == 8 and max(zt["diff"]) < min(zt["softmax"])
     assert check_done != bool(re.search(r"`speech-0db-2x`[^)]*being trained", page)), "the 0 dB check's prose is stale"
     # the 0 dB cell's own paragraph: seeds, lrs, the voices' bootstrap, validation, gradient norms, plateaus, times
@@ -1578,7 +1578,7 @@ def test_readme_summary_is_what_the_records_give():
     assert "One difference between a differential variant and softmax survives the study's Holm correction" in words
     assert [k for k, r in final.items() if r["p_holm_study"] < 0.05] == [("speech-0db", "diff")]
     zc = final[("speech-0db", "diff")]["vs"]
-    zb, zt, check_done = _speech_0db()
+    zb, _, zt, check_done = _speech_0db()
     assert zc["ci_high"] < 0 and zb["ci_high"] < 0
     assert ("V1 is {:.2f} points of test top-1 behind softmax [{:.2f}, {:.2f}] (its p Holm is in the table above; "
             "with the test voices resampled [{:.2f}, {:.2f}]), every V1 seed below every softmax seed").format(
