@@ -72,7 +72,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
     # the noisiest speech (0 dB) pairs with the speech cell: same task and models, only the noise fixed, each at its
-    # own budget to plateau (0 dB flattened by 320 epochs in its pilots, the usual mix needs 640)
+    # own budget (0 dB flattened by 320 epochs in its pilots, the usual mix needs 640)
     noisy, speech = by_name["speech-0db"], by_name[plan.NOISY_OF["speech-0db"]]
     assert speech.name == "speech" and speech.superseded_by is None
     assert (noisy.family, noisy.size_args, noisy.variants) == (speech.family, speech.size_args, ("softmax", "diff"))
@@ -1074,6 +1074,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     assert zk["softmax"]["flat_n"] == zk["softmax"]["flat_longer_n"] == 2  # "two of its three ... at each budget"
     assert (f"V1 trailed softmax on validation by {-zgap[0]:.2f} points at 320 epochs and by {-zgap[1]:.2f} at 640"
             in joined)
+    assert (f"found 320 epochs to be V1's plateau there ({zg['diff']:+.2f} points over seeds 0-2 at its best lr) but not "
+            f"softmax's ({zg['softmax']:+.2f} at its own)") in " ".join((root / "docs" / "study.md").read_text().split())
     assert "V1's seed 0 gave its pilot's figures again ({:.2f} % at 320 epochs, {:.2f} % at 640)".format(
         *zseeds["diff"][0]) in joined and "reached 92.50 % (26 minutes)" in page \
         and "at 640 epochs 93.06 % (59 minutes)" in joined
