@@ -590,10 +590,10 @@ def _check_rows(name: str) -> dict[str, dict]:
     return {r["variant"]: r for r in plan.budget_checks(root / plan.RECORDS, [c for c in plan.CELLS if c.name == name])}
 
 
-def _speech_0db() -> tuple[dict, list[dict], dict[str, list[float]], bool]:
+def _speech_0db() -> tuple[dict, list[dict], dict[str, list[float]], dict[str, dict], bool]:
     """The `speech-0db` cell from the records in the repository: V1's test voices bootstrap against softmax, the
-    final runs' records, each variant's final test top-1 (%), and whether its 640-epoch check (`speech-0db-2x`) has
-    all its runs."""
+    final runs' records, each variant's final test top-1 (%), its 640-epoch check's rows (`speech-0db-2x`, by
+    variant) and whether that check has all its runs."""
     root = Path(__file__).resolve().parents[1]
     boot = next(r for r in plan.cell_voice_stats(root / plan.RECORDS, plan.cell_named("speech-0db"))["rows"]
                 if r["variant"] == "diff")["bootstrap"]
@@ -602,7 +602,7 @@ def _speech_0db() -> tuple[dict, list[dict], dict[str, list[float]], bool]:
             for v in ("softmax", "diff")}
     check = _check_rows("speech-0db-2x")
     done = set(check) == {"softmax", "diff"} and all(r["seeds"] == [0, 1, 2] for r in check.values())
-    return boot, finals, top1, done
+    return boot, finals, top1, check, done
 
 
 def _check_per_seed(name: str) -> dict[str, list[tuple[float, float]]]:
@@ -1040,7 +1040,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             for r in c["rows"] if "vs" in r and r["p_holm_study"] < 0.05] == [("speech-0db", "diff")]
     z = {r["variant"]: r for r in result["cells"]["speech-0db"]["rows"]}
     zc = z["diff"]["vs"]
-    zb, zero, zt, check_done = _speech_0db()
+    zb, zero, zt, zk, check_done = _speech_0db()
     assert zc["ci_high"] < 0 and zb["ci_high"] < 0
     assert (f"seeds trail softmax's by {-zc['diff']:.2f} points of test top-1 [{zc['ci_low']:.2f}, {zc['ci_high']:.2f}] "
             f"(exact permutation p {zc['p_perm']:.1e}; with the test voices "
@@ -1051,7 +1051,6 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
     # its check at 640 epochs: V1 finished by 320 (within the 1-point tolerance), softmax not, so V1's validation
     # deficit on the check's seeds grew; the seeds, run times and per-seed changes the paragraph quotes
     assert check_done
-    zk = _check_rows("speech-0db-2x")
     zg = {v: zk[v]["longer"] - zk[v]["budget"] for v in ("softmax", "diff")}
     assert abs(zg["diff"]) <= 1 < zg["softmax"]
     zgap = [zk["diff"][k] - zk["softmax"][k] for k in ("budget", "longer")]
@@ -1609,7 +1608,7 @@ def test_readme_summary_is_what_the_records_give():
     assert "One difference between a differential variant and softmax survives the study's Holm correction" in words
     assert [k for k, r in final.items() if r["p_holm_study"] < 0.05] == [("speech-0db", "diff")]
     zc = final[("speech-0db", "diff")]["vs"]
-    zb, _, zt, check_done = _speech_0db()
+    zb, _, zt, zk, check_done = _speech_0db()
     assert zc["ci_high"] < 0 and zb["ci_high"] < 0
     assert ("V1 is {:.2f} points of test top-1 behind softmax [{:.2f}, {:.2f}] (its p Holm is in the table above; "
             "with the test voices resampled [{:.2f}, {:.2f}]), every V1 seed below every softmax seed").format(
@@ -1617,7 +1616,6 @@ def test_readme_summary_is_what_the_records_give():
     assert max(zt["diff"]) < min(zt["softmax"])
     # "its check at 640 epochs is being trained" until all its runs are in
     assert check_done != ("its check at 640 epochs is being trained" in words), "the 0 dB check's summary is stale"
-    zk = _check_rows("speech-0db-2x")
     zg = {v: zk[v]["longer"] - zk[v]["budget"] for v in ("softmax", "diff")}
     assert abs(zg["diff"]) <= 1 < zg["softmax"]  # "V1 finished by 320 ... so a short budget does not explain the gap"
     assert (f"its check at 640 epochs found V1 finished by 320 ({zg['diff']:+.2f} points of validation top-1 over three "
