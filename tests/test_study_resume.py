@@ -338,3 +338,45 @@ def test_finish_by_pauses_a_run_that_resumes_and_the_next_call_goes_on_from_it(t
     calls.append("the first call pauses: not this one")
     sweep.main([*_argv(tmp_path / "cl", "cluttered"), "--seeds", "1", "--finish-by", "10m", "--run-minutes", "1"])
     assert calls[1:] == [("softmax_lr0.001_seed0", None, False, None)]
+
+
+def test_finish_by_names_every_run_it_paused_and_the_log_says_when_each_started(tmp_path, monkeypatch, capsys,
+                                                                               fake_study, deadline_reset):
+    """Two trainings at once (``--jobs 2``), both still running at the ``--finish-by`` time: the stop names both
+    paused runs, not only the first in the job order, each keeps its note for the next call, and the output
+    says when each fresh run started (a resumed one says it resumes)."""
+    import datetime as dt
+    import threading
+
+    from diffzoo.study import runs
+
+    out, calls = tmp_path / "sw", []
+    both_started = threading.Barrier(2, timeout=10)
+
+    def train(command, log, append=False, until=None):
+        name = command[command.index("--trainer.logger.init_args.name") + 1]
+        calls.append(name)
+        both_started.wait()  # both are running when the time comes
+        _save_interrupted(out, name)
+        runs._FINISHING.set()
+        raise runs.Paused(f"{name} paused at --finish-by")
+
+    monkeypatch.setattr(sweep, "train", train)
+    in_10_min = dt.datetime.now() + dt.timedelta(minutes=10)
+    with pytest.raises(runs.Paused) as stop:
+        sweep.main([*_argv(out), "--jobs", "2", "--finish-by", in_10_min.isoformat(timespec="seconds"),
+                    "--run-minutes", "60"])
+    names = ["softmax_lr0.001_seed0", "softmax_lr0.001_seed1"]
+    assert sorted(calls) == names
+    for name in names:
+        assert f"{name} paused at --finish-by" in str(stop.value)
+        assert (out / "runs" / f"{name}.stopped.json").is_file()
+    printed = capsys.readouterr().out
+    assert all(f"starting {name}\n" in printed for name in names), printed
+
+    runs.finish_by(None)
+    runs._FINISHING.clear()
+    monkeypatch.setattr(sweep, "train", lambda command, log, append=False, until=None: 2.0)
+    sweep.main(_argv(out))
+    printed = capsys.readouterr().out
+    assert all(f"resuming {name} from " in printed and f"starting {name}" not in printed for name in names), printed

@@ -120,6 +120,7 @@ def train_run(family: Family, out: Path, variant: str, lr: float, seed: int, qui
                      if family.resumes_exactly else (None, []))
     if ckpt is None:
         forget_stopped(log)
+        print(f"starting {name}", flush=True)  # a log read later shows when each core took up a run
     else:
         print(f"resuming {name} from {ckpt} (attempt {len(earlier) + 1})", flush=True)
     start = time.time()
@@ -198,12 +199,17 @@ def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Se
     that time instead."""
     todo = [j for j in jobs if run_name(*j) not in cache or cache[run_name(*j)].get("failed")]
     start = time.time()
+    paused: list[str] = []  # every run paused at --finish-by, not only the one whose error the pool passes on
 
     def one(job: tuple) -> dict:
         until = check_time_left(expected_seconds(cache, job[0], job[1], fallback_seconds), run_name(*job),
                                 pausable=family.resumes_exactly)
-        return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None,
-                         until=until)
+        try:
+            return train_run(family, out, job[0], job[1], job[2], quick, extra, job[3] if len(job) > 3 else None,
+                             until=until)
+        except Paused as e:
+            paused.append(str(e))
+            raise
 
     def store(done: list[dict]) -> None:
         for r in done:
@@ -211,7 +217,10 @@ def run_all(jobs: list[tuple], family: Family, out: Path, quick: bool, extra: Se
         save()
         print(progress_line(len(done), len(todo), time.time() - start), flush=True)
 
-    run_jobs(todo, one, parallel, store)
+    try:
+        run_jobs(todo, one, parallel, store)
+    except Paused:  # the pool has waited for every job, so ``paused`` names all of them
+        raise Paused("; ".join(paused)) from None
     return [cache[run_name(*j)] for j in jobs]
 
 
