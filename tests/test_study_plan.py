@@ -72,7 +72,7 @@ def test_recipe_arguments_state_one_rule_for_every_family():
     sizes = [c for c in plan.CELLS if c.lr_from is not None and c.epochs_factor is None]
     assert {c.family for c in sizes} == {"vit", "lm"} and all(c.variants == plan.MAIN for c in sizes)
     # the noisiest speech (0 dB) pairs with the speech cell: same task and models, only the noise fixed, each at its
-    # own budget (0 dB flattened by 320 epochs in its pilots, the usual mix needs 640)
+    # own budget (320 epochs at 0 dB, set by its pilots; the usual mix needs 640)
     noisy, speech = by_name["speech-0db"], by_name[plan.NOISY_OF["speech-0db"]]
     assert speech.name == "speech" and speech.superseded_by is None
     assert (noisy.family, noisy.size_args, noisy.variants) == (speech.family, speech.size_args, ("softmax", "diff"))

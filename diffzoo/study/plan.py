@@ -158,7 +158,8 @@ CELLS: tuple[Cell, ...] = (  # the ablations run on one encoder (vit) and one de
     # (the interaction of the gap with SNR is also tested on the speech cells' own test clips, whose SNR varies
     # from 0 to 20 dB), at 320 epochs: seed 0's pilots at 2e-3 gained +0.83 (softmax) and +0.56 (V1) points of
     # validation top-1 from 320 to 640 epochs, both within the plateau rule's tolerance
-    # (docs/results/study/v0.3/pilots/speech_0db.json)
+    # (docs/results/study/v0.3/pilots/speech_0db.json); its three-seed check at each variant's best lr then gained
+    # +1.67 (softmax) and +0.00 (V1) at 640, so 320 epochs is V1's plateau at 0 dB but not softmax's (speech-0db-2x)
     Cell("speech-0db", "speech", ("softmax", "diff"), extra=NOISY_0DB, epochs=320),
     # ViT digits at half its budget: the first ViT cell ran 40 epochs, and its budget check gained 1.1-1.3 points
     # of validation top-1 for every variant at 80, so the task's budget became 80 and this cell stays as the
@@ -928,7 +929,7 @@ def gap_table(rows: list[dict]) -> str:
 
 
 # a cell at one fixed noise level -> its task's cell (the usual mix of levels; the same seeds), each at its own
-# budget to plateau (speech-0db's pilots flattened by 320 epochs, the usual mix needs 640); the -10 dB cell,
+# budget (speech-0db's 320 epochs, the usual mix's 640; speech-0db-2x found softmax still gaining at 0 dB); the -10 dB cell,
 # superseded, stays paired with the clean cell at its own 320 epochs
 NOISY_OF = {"speech-0db": "speech", "speech-noisy": "speech-320ep"}
 
