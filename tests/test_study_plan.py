@@ -1002,7 +1002,8 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             f"permutation p {cn['p_perm']:.3f}; with the test voices resampled as clusters {bn['diff']:+.2f} "
             f"[{bn['ci_low']:+.2f}, {bn['ci_high']:+.2f}], p boot {bn['p']:.3f}. **No difference found at -10 dB") in page
     assert cn["ci_low"] < 0 < cn["ci_high"] and bn["ci_low"] < 0 < bn["ci_high"]
-    gap = next(g for g in plan.noise_gaps(root / plan.RECORDS, plan.CELLS) if g["cell"] == "speech-noisy")
+    gaps = {g["cell"]: g for g in plan.noise_gaps(root / plan.RECORDS, plan.CELLS)}  # by noisy cell
+    gap = gaps["speech-noisy"]
     ch = gap["change"]
     assert (gap["cell"], gap["clean"], gap["variant"]) == ("speech-noisy", "speech-320ep", "diff")
     said = f"{ch['diff']:+.2f} points [{ch['ci_low']:+.2f}, {ch['ci_high']:+.2f}]"
@@ -1060,7 +1061,7 @@ def test_results_page_quotes_the_finished_cells_from_their_records():
             "earlier-budget rows") in joined
     assert len(zt["softmax"]) == len(zt["diff"]) == 8 and max(zt["diff"]) < min(zt["softmax"])
     # at the same 320 epochs, the 0 dB gap against clean speech's (the noise table's row for the two cells)
-    g0 = next(g for g in plan.noise_gaps(root / plan.RECORDS, plan.CELLS) if g["cell"] == "speech-0db-320ep")
+    g0 = gaps["speech-0db-320ep"]
     assert (g0["clean"], g0["variant"], g0["budget_noisy"], g0["budget_clean"]) == ("speech-320ep", "diff",
                                                                                   "320 epochs", "320 epochs")
     c0 = g0["change"]
