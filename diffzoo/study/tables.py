@@ -37,9 +37,22 @@ def best_lrs(family: Family, grid: list[dict]) -> dict[str, dict]:
         if not eligible:
             out[variant] = {"lr": None, "by_lr": by_lr}
             continue
-        out[variant] = {"lr": max(eligible, key=lambda lr, s=by_lr: (s[lr]["diverged"] == 0, _score(family, [s[lr]["mean"]]))),
-                        "by_lr": by_lr}
+        out[variant] = {"lr": _pick_lr(family, by_lr, eligible), "by_lr": by_lr}
     return out
+
+
+TIE_REL = 1e-6  # means closer than this (relative) are a tie: float32 round-off of one metric, not a difference
+
+
+def _pick_lr(family: Family, by_lr: dict[float, dict], eligible: list[float]) -> float:
+    """The best of ``eligible``: lrs with no diverged run first, then the best mean. Means equal to within
+    float32 round-off (:data:`TIE_REL`) tie; a tie goes to the smaller seed sd, then to the smaller lr, so
+    the choice never rests on the last bit of a float."""
+    stable = [lr for lr in eligible if by_lr[lr]["diverged"] == 0] or eligible
+    top = max(_score(family, [by_lr[lr]["mean"]]) for lr in stable)
+    tied = [lr for lr in stable
+            if math.isclose(_score(family, [by_lr[lr]["mean"]]), top, rel_tol=TIE_REL, abs_tol=1e-12)]
+    return min(tied, key=lambda lr: (by_lr[lr]["sd"] if math.isfinite(by_lr[lr]["sd"]) else math.inf, lr))
 
 
 def add_holm(rows: list[dict]) -> None:
