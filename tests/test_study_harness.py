@@ -372,6 +372,36 @@ def test_sweep_picks_best_validation_lr_and_writes_stats(tmp_path, monkeypatch):
     assert (out / "knob.png").stat().st_size > 1000
 
 
+def test_best_lr_ties_at_float_round_off_go_to_the_steadier_seeds_then_the_smaller_lr():
+    from diffzoo.study import FAMILIES, tables
+
+    family = FAMILIES["speech"]
+
+    def grid(values_by_lr):
+        return [{"variant": "v", "lr": lr, "seed": s, "summary": {"metrics": {family.val_metric: v}}}
+                for lr, values in values_by_lr.items() for s, v in enumerate(values)]
+
+    # the same clips right over three seeds; the means differ only in float32's last bits, and the
+    # higher float mean belongs to the lr with the wider seed spread
+    noisy = [0.9907407, 0.9629630, 0.9685185]
+    steady = [0.9740740, 0.9722222, 0.9759259]
+    assert sum(noisy) / 3 > sum(steady) / 3 and abs(sum(noisy) - sum(steady)) / 3 < 1e-6
+    best = tables.best_lrs(family, grid({1e-3: noisy, 2e-3: steady}))["v"]
+    assert best["lr"] == 2e-3  # the tie goes to the smaller sd, not to the rounding
+    assert best["by_lr"][1e-3]["sd"] > best["by_lr"][2e-3]["sd"]
+    # the listing order does not decide a tie
+    assert tables.best_lrs(family, grid({2e-3: steady, 1e-3: noisy}))["v"]["lr"] == 2e-3
+    # equal means and equal sds: the smaller lr
+    assert tables.best_lrs(family, grid({4e-3: steady, 2e-3: list(reversed(steady))}))["v"]["lr"] == 2e-3
+    # a real difference (one clip in 1,080) still wins over a steadier lr
+    better = [noisy[0] + 1 / 1080, *noisy[1:]]
+    assert tables.best_lrs(family, grid({1e-3: better, 2e-3: steady}))["v"]["lr"] == 1e-3
+    # an lr with a diverged run loses to one without, whatever its mean
+    runs = grid({1e-3: better, 2e-3: steady})
+    runs[0]["diverged"] = {"step": 5}
+    assert tables.best_lrs(family, runs)["v"]["lr"] == 2e-3
+
+
 def test_a_crashed_run_is_trained_again_and_a_stopped_one_is_never_recorded(tmp_path, monkeypatch):
     from diffzoo.study import sweep
 
@@ -789,6 +819,19 @@ def test_finish_by_ends_the_study_command_with_a_message_not_a_traceback(monkeyp
     assert said.startswith("diff_lr0.002_seed100 takes about 60 min") and "after --finish-by" in said
     assert "finished the trainings that were running (recorded)" in said
 
+    def pause():
+        raise runs.Paused("cells left for later by --finish-by: speech")
+
+    try:  # a training paused at its checkpoint: the closing line says paused, not finished and recorded
+        with pytest.raises(SystemExit) as ended:
+            runs.main_with_signals(pause)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    said = str(ended.value)
+    assert said.startswith("cells left for later by --finish-by: speech: paused the trainings still running")
+    assert "The same command resumes them" in said and "finished the trainings" not in said
+
 
 def test_finish_by_goes_on_to_the_cells_after_one_that_stopped(tmp_path, monkeypatch, capsys, deadline_reset):
     """With 30 minutes left, a cell whose next run takes an hour stops; of the cells after it, its budget check
@@ -814,13 +857,27 @@ def test_finish_by_goes_on_to_the_cells_after_one_that_stopped(tmp_path, monkeyp
     monkeypatch.setattr(plan, "_variant_seconds", lambda records, cell, longest=False:
                         {} if minutes[cell.name] is None else {"softmax": 60 * minutes[cell.name]})
     argv = ["run", "--cells", *minutes, "--finish-by", "30m", "--records", str(tmp_path)]
-    with pytest.raises(runs.Finishing, match="cells left for later by --finish-by: cluttered, cluttered-2x$"):
+    with pytest.raises(runs.Finishing, match="cells left for later by --finish-by: cluttered, cluttered-2x$") as left:
         plan.main(argv)
     assert trained == ["needle", "clip-2x"]
+    assert not isinstance(left.value, runs.Paused)  # nothing was paused: no training was running at the limit
     out = capsys.readouterr().out
     assert "== cell cluttered stopped after" in out and "cluttered's next run takes about 60 min" in out
     assert "== cell cluttered-2x: not started, it needs cell cluttered" in out
     assert "== cell vit-l: not started after a --finish-by stop" in out
+
+    def pausing_sweep(argv):  # needle's training was running at the limit and paused at its checkpoint
+        if argv[0] == "needle":
+            raise runs.Paused("needle_lr0.002_seed0 paused at --finish-by")
+        fake_sweep(argv)
+
+    trained.clear()
+    monkeypatch.setattr(sweep, "main", pausing_sweep)
+    with pytest.raises(runs.Paused, match="cells left for later by --finish-by: cluttered, cluttered-2x, needle$"):
+        plan.main(argv)
+    assert trained == ["clip-2x"]
+    assert "== cell needle stopped after 0 s: needle_lr0.002_seed0 paused at --finish-by" in capsys.readouterr().out
+    monkeypatch.setattr(sweep, "main", fake_sweep)
 
     trained.clear()
     told.append("needle")  # SIGUSR1 arrives while needle trains: finishing, not a limit

@@ -48,6 +48,7 @@ from .runs import (
     FINISH_BY_HELP,
     MACHINE_KEYS,
     Finishing,
+    Paused,
     RecordsBusy,
     carry_on_after_finish_by,
     finish_by,
@@ -1306,6 +1307,7 @@ def main(argv: list[str] | None = None) -> None:
         from .sweep import main as sweep
 
         stopped: list[str] = []  # cells whose next run would have ended after --finish-by
+        paused = False  # whether a training of theirs was paused at --finish-by (it resumes next call)
         waiting: list[str] = []  # cells whose lr source has no best lrs yet
         for cell in cells:
             start = time.time()
@@ -1342,10 +1344,11 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"== cell {cell.name} stopped after {time.time() - start:.0f} s: {e}; the cells after it "
                       "may still have a run that ends in time", flush=True)
                 stopped.append(cell.name)
+                paused = paused or isinstance(e, Paused)
                 continue
             print(f"== cell {cell.name} done in {time.time() - start:.0f} s", flush=True)
-        if stopped:
-            raise Finishing(f"cells left for later by --finish-by: {', '.join(stopped)}")
+        if stopped:  # Paused when a training was paused at its checkpoint, so the closing line says so
+            raise (Paused if paused else Finishing)(f"cells left for later by --finish-by: {', '.join(stopped)}")
         if waiting:
             raise SystemExit("; ".join(waiting))
     elif args.command == "status":

@@ -460,6 +460,9 @@ def main_with_signals(main: Callable[[], object]) -> None:
         signal.signal(signal.SIGUSR1, finish_trainings)
     try:
         main()
+    except Paused as e:
+        raise SystemExit(f"{e}: paused the trainings still running at their checkpoints (recorded once they finish) "
+                         "and started no more. The same command resumes them and goes on from here.") from None
     except Finishing as e:
         raise SystemExit(f"{e}: finished the trainings that were running (recorded) and started no more. The same "
                          "command goes on from here.") from None
