@@ -1610,6 +1610,23 @@ def test_every_recorded_best_lr_is_inside_its_grid():
     assert not at_edge, "best lr at a grid edge: " + "; ".join(at_edge)
 
 
+def test_the_tie_the_selection_docs_quote_is_speechs_record():
+    """docs/study.md's example of a tie in the lr selection: V1's two speech lrs, their mean and sds, and the lr
+    the selection takes, as ``best_lrs`` computes them from the speech records."""
+    from diffzoo.study import tables
+
+    root = Path(__file__).resolve().parents[1]
+    record = plan.load(root / plan.RECORDS, plan.cell_named("speech"))
+    grid = [r for r in record["runs"].values() if r["seed"] < plan.FINAL_SEED]
+    best = tables.best_lrs(FAMILIES["speech"], grid)["diff"]
+    a, b = best["by_lr"][1e-3], best["by_lr"][2e-3]
+    assert math.isclose(a["mean"], b["mean"], rel_tol=tables.TIE_REL) and best["lr"] == 2e-3 and b["sd"] < a["sd"]
+    assert best["lr"] == record["best"]["diff"]["lr"]
+    said = (f"On `speech` V1's 1e-3 and 2e-3 tie at {a['mean']:.2f} % (sd {a['sd']:.2f} and {b['sd']:.2f} points), "
+            "and 2e-3 is the choice.")
+    assert said in " ".join((root / "docs" / "study.md").read_text().split())
+
+
 def test_results_page_prose_quotes_a_study_holm_only_as_history():
     """The study's Holm family grows as cells finish, so a Holm value over a family size written into the prose
     goes stale: the prose quotes one only for a cell that has since been replaced ("while this was the final ...
