@@ -49,9 +49,9 @@ def _pick_lr(family: Family, by_lr: dict[float, dict], eligible: list[float]) ->
     float32 round-off (:data:`TIE_REL`) tie; a tie goes to the smaller seed sd, then to the smaller lr, so
     the choice never rests on the last bit of a float."""
     stable = [lr for lr in eligible if by_lr[lr]["diverged"] == 0] or eligible
-    top = max(_score(family, [by_lr[lr]["mean"]]) for lr in stable)
-    tied = [lr for lr in stable
-            if math.isclose(_score(family, [by_lr[lr]["mean"]]), top, rel_tol=TIE_REL, abs_tol=1e-12)]
+    score = {lr: _score(family, [by_lr[lr]["mean"]]) for lr in stable}
+    top = max(score.values())
+    tied = [lr for lr in stable if math.isclose(score[lr], top, rel_tol=TIE_REL, abs_tol=1e-12)]
     return min(tied, key=lambda lr: (by_lr[lr]["sd"] if math.isfinite(by_lr[lr]["sd"]) else math.inf, lr))
 
 
